@@ -1,0 +1,1 @@
+"""The ``trainsim`` command line: small, stable subcommands, ``--json`` for machines, tables for people."""

@@ -1,0 +1,72 @@
+"""Entry point of the ``trainsim`` command.
+
+    $ trainsim --help
+    $ trainsim replay trace.json.gz --json
+
+Subcommands live in their own modules and are imported only when used, so that ``trainsim --help``
+or ``trainsim replay`` never pays for ``import torch``. To add one, write a click command in a module
+of ``trainsim.cli`` and add one line to ``COMMANDS``. A ``UserError`` raised anywhere becomes one line
+on stderr and exit code 2; ``tests/cli/test_surface.py`` pins the surface.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from trainsim.errors import UserError
+
+# name -> "module:attribute" of a click.Command. Keep sorted; one line per command.
+COMMANDS: dict[str, str] = {
+    "bench-sim": "trainsim.cli.core:bench_sim",
+    "demo": "trainsim.cli.core:demo",
+    "profile": "trainsim.cli.core:profile",
+    "replay": "trainsim.cli.core:replay",
+    "whatif": "trainsim.cli.core:whatif",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command), target
+        return cmd
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="trainsim")
+def cli() -> None:
+    """trainsim: why is my training step slow, what would a change buy me, and how should I parallelise?"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code (0 ok, 2 bad input, 1 internal error)."""
+    try:
+        cli.main(args=argv, prog_name="trainsim", standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"trainsim: error: {exc}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("trainsim: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2 if isinstance(exc, click.UsageError) or exc.exit_code == 2 else exc.exit_code
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

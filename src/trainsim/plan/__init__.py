@@ -1,0 +1,1 @@
+"""trainsim.plan"""
