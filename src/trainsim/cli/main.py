@@ -21,9 +21,11 @@ from trainsim.errors import UserError
 # name -> "module:attribute" of a click.Command. Keep sorted; one line per command.
 COMMANDS: dict[str, str] = {
     "bench-sim": "trainsim.cli.core:bench_sim",
+    "calibrate": "trainsim.cli.cluster:calibrate",
     "demo": "trainsim.cli.core:demo",
     "profile": "trainsim.cli.core:profile",
     "replay": "trainsim.cli.core:replay",
+    "validate": "trainsim.cli.validate:validate",
     "whatif": "trainsim.cli.core:whatif",
 }
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -181,7 +182,7 @@ class TaskGraph:
         res = self.resource[q]
         same = res[1:] == res[:-1]
         src, dst = q[:-1][same].astype(np.int32), q[1:][same].astype(np.int32)
-        kinds = np.array([_IMPLICIT_EDGE[r.kind] for r in self.resources] or [0], np.int8)
+        kinds = np.array([int(_IMPLICIT_EDGE[r.kind]) for r in self.resources] or [0], np.int8)
         return src, dst, kinds[self.resource[dst]] if len(dst) else np.zeros(0, np.int8)
 
     def validate(self) -> None:
@@ -223,19 +224,30 @@ class GraphBuilder:
     def __init__(self, source: str = "<built>") -> None:
         self.source = source
         self._symbols: dict[str, int] = {}
+        self._symbol_list: list[str] = []
         self._resources: list[Resource] = []
         self._res_index: dict[str, int] = {}
-        self._cols: dict[str, list[float]] = {c: [] for c in _TASK_COLUMNS}
+        self.cols: dict[str, list[float]] = {c: [] for c in _TASK_COLUMNS}
+        """the task columns being built; readable and writable by graph constructors"""
         self._edges: list[tuple[int, int, int]] = []
         self._counter = 0
 
     def sym(self, text: str | None) -> int:
+        """Intern ``text``; ``None`` is -1."""
         if text is None:
             return -1
         i = self._symbols.get(text)
         if i is None:
             i = self._symbols[text] = len(self._symbols)
         return i
+
+    def symbol_of(self, index: int) -> str | None:
+        """The string behind a symbol index (``None`` for -1)."""
+        if index < 0:
+            return None
+        if len(self._symbol_list) != len(self._symbols):
+            self._symbol_list = list(self._symbols)
+        return self._symbol_list[index]
 
     def resource(self, name: str, kind: ResourceKind, policy: Policy = Policy.FIFO) -> int:
         """The id of resource ``name``, created on first use."""
@@ -264,35 +276,34 @@ class GraphBuilder:
         ts_us: float = float("nan"),
     ) -> int:
         """Add a task; ``deps`` are tasks that must finish first. Returns the task id."""
-        tid = len(self._cols["kind"])
-        row = {
-            "kind": int(kind),
-            "name": self.sym(name),
-            "op": self.sym(op),
-            "layer": self.sym(layer),
-            "resource": resource,
-            "order": float(self._counter if order is None else order),
-            "dur_us": float(dur_us),
-            "ts_us": float(ts_us),
-            "step": step,
-            "size_bytes": size_bytes,
-            "group": self.sym(group),
-            "priority": float(priority),
-        }
+        c = self.cols
+        tid = len(c["kind"])
+        sym = self.sym
+        c["kind"].append(int(kind))
+        c["name"].append(sym(name))
+        c["op"].append(sym(op))
+        c["layer"].append(sym(layer))
+        c["resource"].append(resource)
+        c["order"].append(float(self._counter if order is None else order))
+        c["dur_us"].append(float(dur_us))
+        c["ts_us"].append(ts_us)
+        c["step"].append(step)
+        c["size_bytes"].append(size_bytes)
+        c["group"].append(sym(group))
+        c["priority"].append(priority)
         self._counter += 1
-        for k, v in row.items():
-            self._cols[k].append(v)
-        if dep_kind is None:
-            dep_kind = EdgeKind.LAUNCH if kind in _GPU_KINDS else EdgeKind.DATA
-        for d in deps:
-            self._edges.append((int(d), tid, int(dep_kind)))
+        if deps:
+            if dep_kind is None:
+                dep_kind = EdgeKind.LAUNCH if kind in _GPU_KINDS else EdgeKind.DATA
+            for d in deps:
+                self._edges.append((int(d), tid, int(dep_kind)))
         return tid
 
     def edge(self, src: int, dst: int, kind: EdgeKind = EdgeKind.DATA) -> None:
         self._edges.append((src, dst, int(kind)))
 
     def build(self, steps: Steps | None = None) -> TaskGraph:
-        cols = {k: np.asarray(v, dtype=_TASK_COLUMNS[k]) for k, v in self._cols.items()}
+        cols: dict[str, Any] = {k: np.asarray(v, dtype=_TASK_COLUMNS[k]) for k, v in self.cols.items()}
         e = np.asarray(self._edges, dtype=np.int64).reshape(-1, 3)
         g = TaskGraph(
             symbols=tuple(self._symbols),
@@ -302,7 +313,7 @@ class GraphBuilder:
             edge_kind=e[:, 2].astype(np.int8),
             steps=steps or Steps(),
             source=self.source,
-            **cols,  # type: ignore[arg-type]
+            **cols,
         )
         g.validate()
         return g

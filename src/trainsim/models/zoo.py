@@ -148,6 +148,6 @@ def build_with_batches(
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        return make(gen)  # type: ignore[no-any-return]
+        return make(gen)
 
     return model, batch

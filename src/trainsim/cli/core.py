@@ -1,0 +1,272 @@
+"""Core commands: profile, replay, whatif, bench-sim and the demo.
+
+    $ trainsim profile --model cnn --out out/cnn.json.gz
+    $ trainsim replay out/cnn.json.gz --json
+    $ trainsim whatif out/cnn.json.gz --fused-optimizer --scale 'op:aten::convolution=0.5'
+    $ trainsim bench-sim --tasks 1000000 --json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+
+JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def _emit_json(obj: dict[str, Any]) -> None:
+    click.echo(json.dumps(obj, indent=None, separators=(",", ":")))
+
+
+def _load(trace: str) -> Any:
+    from trainsim.graph.build import load_trace
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = load_trace(trace)
+    for w in caught:
+        click.echo(f"trainsim: warning: {w.message}", err=True)
+    return g
+
+
+def _steps_json(g: Any, res: Any) -> list[dict[str, Any]]:
+    import numpy as np
+
+    measured = g.steps.measured_us / 1000.0
+    ids, _, _ = res.step_bounds_us()
+    sim = res.step_ms
+    out = []
+    for i, s in enumerate(ids.tolist()):
+        m = float(measured[i]) if i < measured.size else None
+        out.append({"step": int(s), "measured_ms": m, "simulated_ms": float(sim[i]) if np.isfinite(sim[i]) else None})
+    return out
+
+
+def _summary(g: Any, res: Any) -> dict[str, Any]:
+    import numpy as np
+
+    steps = _steps_json(g, res)
+    meas = [s["measured_ms"] for s in steps if s["measured_ms"] is not None]
+    errs = [
+        abs(s["simulated_ms"] - s["measured_ms"]) / s["measured_ms"] * 100
+        for s in steps
+        if s["measured_ms"] and s["simulated_ms"] is not None
+    ]
+    return {
+        "trace": g.source,
+        "tasks": g.n_tasks,
+        "edges": g.n_edges,
+        "resources": len(g.resources),
+        "steps": steps,
+        "measured_ms": float(np.mean(meas)) if meas else None,
+        "simulated_ms": res.mean_step_ms,
+        "median_abs_error_pct": float(np.median(errs)) if errs else None,
+        "max_abs_error_pct": float(np.max(errs)) if errs else None,
+        "breakdown_ms": {k: float(v) for k, v in res.breakdown().items()},
+        "critical_path": res.critical_path_summary(top=5),
+    }
+
+
+def _print_table(title: str, rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for h in header:
+        t.add_column(h, justify="right" if h != header[0] else "left")
+    for r in rows:
+        t.add_row(*r)
+    _console().print(t)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@JSON_OPT
+@click.option("--timeline", type=click.Path(dir_okay=False), help="Write the simulated timeline (Chrome trace).")
+def replay(trace: str, as_json: bool, timeline: str | None) -> None:
+    """Replay TRACE (a Kineto .json/.json.gz) and compare simulated with measured step times."""
+    from trainsim.simulate.engine import simulate
+
+    g = _load(trace)
+    res = simulate(g)
+    out = _summary(g, res)
+    if timeline:
+        out["timeline"] = str(_safe_write(timeline, res))
+    if as_json:
+        _emit_json(out)
+        return
+    rows = [(str(s["step"]), _fmt(s["measured_ms"]), _fmt(s["simulated_ms"])) for s in out["steps"]]
+    rows.append(("mean", _fmt(out["measured_ms"]), _fmt(out["simulated_ms"])))
+    _print_table(f"{trace}: {g.n_tasks} tasks", rows, ("step", "measured ms", "simulated ms"))
+    _print_breakdown(out)
+
+
+def _print_breakdown(out: dict[str, Any]) -> None:
+    b = out["breakdown_ms"]
+    click.echo(
+        "breakdown per step (ms): "
+        + ", ".join(f"{k.removesuffix('_ms')} {v:.3f}" for k, v in b.items())
+    )
+    cp = out["critical_path"]
+    top = ", ".join(f"{t['name'][:40]} {t['ms']:.2f}" for t in cp["top"][:3])
+    click.echo(f"critical path: {cp['tasks']} tasks, {cp['length_ms']:.3f} ms; most time in: {top}")
+
+
+def _safe_write(path: str, res: Any) -> Path:
+    p = Path(path)
+    if p.suffix != ".json":
+        raise UserError(f"--timeline {path!r}: expected a path ending in .json")
+    if not p.parent.exists():
+        raise UserError(f"--timeline {path!r}: folder {p.parent} does not exist")
+    out: Path = res.to_chrome_trace(p)
+    return out
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--amp", is_flag=True, help="Automatic mixed precision (GEMM/conv kernels /3, others /2).")
+@click.option("--fused-optimizer", is_flag=True, help="One fused optimizer task per step.")
+@click.option("--scale", "scales", multiple=True, metavar="SELECTOR=FACTOR",
+              help="Scale selected tasks, e.g. 'kind:kernel,name:gemm=0.5'. Repeatable.")  # fmt: skip
+@JSON_OPT
+@click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
+def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], as_json: bool,
+           timeline: str | None) -> None:  # fmt: skip
+    """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks)."""
+    from trainsim.simulate.engine import simulate
+    from trainsim.transform import whatifs
+
+    if not (amp or fused_optimizer or scales):
+        raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --scale SELECTOR=FACTOR")
+    for s in scales:  # check the syntax before the (slower) trace load
+        whatifs.parse_selector(s)
+    g = _load(trace)
+    base = simulate(g)
+    g2 = g
+    applied = []
+    if amp:
+        g2 = whatifs.amp(g2)
+        applied.append("amp")
+    if fused_optimizer:
+        g2 = whatifs.fused_optimizer(g2)
+        applied.append("fused-optimizer")
+    for s in scales:
+        g2 = whatifs.scale_selected(g2, s)
+        applied.append(f"scale {s}")
+    res = simulate(g2)
+    out = _summary(g2, res)
+    out["whatif"] = applied
+    out["baseline_ms"] = base.mean_step_ms
+    out["whatif_ms"] = res.mean_step_ms
+    out["speedup"] = base.mean_step_ms / res.mean_step_ms if res.mean_step_ms > 0 else None
+    out["measured_ms"] = _summary(g, base)["measured_ms"]
+    if timeline:
+        out["timeline"] = str(_safe_write(timeline, res))
+    if as_json:
+        _emit_json(out)
+        return
+    rows = [("measured", _fmt(out["measured_ms"])), ("simulated baseline", _fmt(out["baseline_ms"])),
+            ("what-if: " + "; ".join(applied), _fmt(out["whatif_ms"]))]  # fmt: skip
+    _print_table(f"{trace}: what-if", rows, ("", "step ms"))
+    click.echo(f"predicted speed-up: {out['speedup']:.3f}x")
+    _print_breakdown(out)
+
+
+@click.command("bench-sim")
+@click.option("--tasks", type=click.IntRange(1, 50_000_000), default=1_000_000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="Best of N replays.")
+@JSON_OPT
+def bench_sim(tasks: int, seed: int, repeat: int, as_json: bool) -> None:
+    """Build a synthetic graph of N tasks and time the simulator on it."""
+    from trainsim.simulate.engine import prepare, simulate
+    from trainsim.simulate.synthetic import synthetic_graph
+
+    simulate(synthetic_graph(1000, seed))  # JIT warm-up (compiled code is cached on disk)
+    t0 = time.perf_counter()
+    g = synthetic_graph(tasks, seed)
+    build_s = time.perf_counter() - t0
+    best = float("inf")
+    res = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        res = simulate(g, prepare(g))
+        best = min(best, time.perf_counter() - t0)
+    assert res is not None
+    out = {
+        "tasks": g.n_tasks, "edges": g.n_edges, "build_s": build_s, "simulate_s": best,
+        "tasks_per_s": g.n_tasks / best, "makespan_ms": res.makespan_us / 1e3,
+    }  # fmt: skip
+    if as_json:
+        _emit_json(out)
+    else:
+        click.echo(
+            f"{g.n_tasks} tasks, {g.n_edges} edges: built in {build_s:.3f} s, simulated in {best:.3f} s "
+            f"({out['tasks_per_s'] / 1e6:.2f} M tasks/s)"
+        )
+
+
+@click.command()
+@click.option("--model", default="cnn", show_default=True, help="mlp, cnn, transformer, or package.module:function.")
+@click.option("--steps", type=int, default=6, show_default=True)
+@click.option("--warmup", type=int, default=2, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--out", default="out/trace.json.gz", show_default=True, help="Trace path (.json or .json.gz).")
+@click.option("--force", is_flag=True, help="Overwrite an existing trace.")
+def profile(model: str, steps: int, warmup: int, batch_size: int, threads: int, out: str, force: bool) -> None:
+    """Profile a few training steps of a model on this machine and write a trace + sidecar."""
+    from rich.progress import Progress
+
+    from trainsim.capture.profile import ProfileConfig, sidecar_path
+    from trainsim.capture.profile import profile as run_profile
+
+    cfg = ProfileConfig(model=model, steps=steps, warmup=warmup, batch_size=batch_size, threads=threads, out=out)
+    if Path(out).exists() and not force:
+        raise UserError(f"--out {out!r} exists; pass --force to overwrite it or choose another path")
+    with Progress(transient=True, console=_console_err()) as bar:
+        task = bar.add_task(f"profiling {model}", total=warmup + steps)
+        path = run_profile(cfg, progress=lambda done, total: bar.update(task, completed=done))
+    click.echo(f"wrote {path} and {sidecar_path(path)}")
+
+
+def _console_err() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@click.command()
+@click.option("--model", default="cnn", show_default=True)
+@click.option("--out-dir", default="out/demo", show_default=True)
+def demo(model: str, out_dir: str) -> None:
+    """The main job on a built-in default: profile a model on the CPU, replay it, show what-ifs."""
+    trace = str(Path(out_dir) / f"{model}.json.gz")
+    click.echo(f"1) profiling the built-in '{model}' model on this CPU -> {trace}")
+    ctx = click.get_current_context()
+    ctx.invoke(profile, model=model, steps=6, warmup=2, batch_size=32, threads=1, out=trace, force=True)
+    click.echo("\n2) replaying the trace: simulated vs measured step time")
+    ctx.invoke(replay, trace=trace, as_json=False, timeline=str(Path(out_dir) / f"{model}.sim.json"))
+    click.echo(f"   simulated timeline (open in https://ui.perfetto.dev): {Path(out_dir) / f'{model}.sim.json'}")
+    click.echo("\n3) what if the optimizer were fused, and convolutions / matmuls twice as fast?")
+    ctx.invoke(whatif, trace=trace, amp=False, fused_optimizer=True,
+               scales=("kind:cpu,name:convolution|addmm|aten::mm=0.5",), as_json=False, timeline=None)  # fmt: skip
+    sys.stdout.flush()

@@ -1,0 +1,432 @@
+"""Turn a Kineto trace into a task graph (Daydream's dependency model on PyTorch profiler output).
+
+    >>> from trainsim.graph.build import load_trace
+    >>> g = load_trace("../shared/traces/v100_single_rank0.json.gz")   # doctest: +SKIP
+
+How the trace becomes tasks:
+
+1. **CPU threads.** Each thread's timeline is cut at every event boundary. A CUDA runtime/driver call
+   is one task; every other piece becomes a CPU task named after the innermost operator covering it
+   (or ``gap`` where nothing is traced), so that the tasks tile the thread's timeline and untraced
+   time stays on the thread (Daydream §4.2).
+2. **GPU streams.** Each kernel, copy and memset is a task on ``gpu<device>:s<stream>``; NCCL kernels
+   are ``COMM`` tasks. Its launch call precedes it (``LAUNCH`` edge, by correlation id).
+3. **Synchronisation.** A call that blocks the CPU (``cuda*Synchronize``, synchronous copies) is split
+   into its launch part and a ``SYNC`` task that waits for the GPU task that released it: the one of
+   the candidates (its own copy, or the last task launched on each stream) that finished last
+   inside the call. ``cudaStreamWaitEvent`` becomes a GPU->GPU edge from the last task launched
+   before the matching ``cudaEventRecord`` to the next task launched after the wait.
+4. **Other threads** (autograd's backward thread, gloo workers) run in bursts started by the thread
+   that carries the ``ProfilerStep`` annotations (the anchor). A burst that runs entirely inside one
+   anchor task splits that task: the anchor resumes only when the burst ends (``SYNC``).
+5. **Attributes.** Step from the ``ProfilerStep#N`` ranges; layer from the innermost
+   ``record_function`` range, ``nn.Module`` python frame, or, for autograd backward ops, the forward
+   op with the same sequence number; collective sizes from ``Input Dims`` / ``In msg nelems``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import re
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainsim.capture.kineto import CPU_CATS, GPU_CATS, RUNTIME_CATS, Event, Trace, read_trace
+from trainsim.graph.ir import (
+    EdgeKind,
+    GraphBuilder,
+    ResourceKind,
+    Steps,
+    TaskGraph,
+    TaskKind,
+)
+
+STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
+COMM_CPU_RX = re.compile(r"^(gloo|mpi|ucc):")
+COMM_ANNOT_RX = re.compile(r"^(nccl|gloo|mpi|ucc):|^record_param_comms$|^c10d::")
+SYNC_CALL_RX = re.compile(r"Synchronize|^cudaMemcpy$|^cudaMemcpy2D$|^cuMemcpyDtoH|^hipDeviceSynchronize")
+LAYER_SKIP_RX = re.compile(r"^ProfilerStep#|^## .* ##$|^\[param\|")
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "c10::Float": 4, "Float": 4, "double": 8, "c10::Double": 8, "half": 2,
+    "c10::Half": 2, "Half": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2, "float16": 2,
+    "long int": 8, "int": 4, "c10::Long": 8, "Long": 8, "Int": 4, "c10::Int": 4, "unsigned char": 1, "Byte": 1,
+}  # fmt: skip
+GAP = "gap"
+
+
+def load_trace(path: str | Path) -> TaskGraph:
+    """Read a Kineto trace and build its task graph (``UserError`` on bad input)."""
+    return build_graph(read_trace(path))
+
+
+@dataclass(slots=True)
+class _Seg:
+    """A piece of a CPU thread's timeline that becomes one task."""
+
+    t0: float
+    t1: float
+    kind: TaskKind
+    name: str
+    op: str | None
+    layer: str | None
+    event: Event | None  # the runtime event for RUNTIME pieces
+    size: int = -1
+    task: int = -1
+    extra: list[int] = field(default_factory=list)
+
+
+def _size_of(e: Event) -> int:
+    a = e.args
+    n = a.get("In msg nelems")
+    if isinstance(n, int):
+        return n * _DTYPE_BYTES.get(str(a.get("dtype", "Float")), 4)
+    dims, types = a.get("Input Dims"), a.get("Input type")
+    if isinstance(dims, list) and dims and isinstance(dims[0], list):
+        numel = 1
+        for d in dims[0]:
+            numel *= int(d) if isinstance(d, int | float) else 1
+        t = types[0] if isinstance(types, list) and types else "float"
+        return numel * _DTYPE_BYTES.get(str(t), 4)
+    return -1
+
+
+def _layer_name(e: Event) -> str | None:
+    if e.cat == "user_annotation" and not LAYER_SKIP_RX.search(e.name):
+        return e.name
+    if e.cat == "python_function" and e.name.startswith("nn.Module: "):
+        return e.name[len("nn.Module: ") :]
+    return None
+
+
+def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg]:
+    """Cut one thread's events into tiling segments (see the module docstring, step 1)."""
+    evs = sorted(events, key=lambda e: (e.ts, -e.dur))
+    segs: list[_Seg] = []
+    stack: list[tuple[Event, str | None, str | None, bool]] = []  # (event, layer, outermost op, in comm)
+    cursor = evs[0].ts if evs else 0.0
+
+    def own(t0: float, t1: float) -> None:
+        if t1 <= t0:
+            return
+        if stack:
+            e, layer, op, comm = stack[-1]
+            segs.append(_Seg(t0, t1, TaskKind.COMM if comm else TaskKind.CPU, e.name, op, layer, None))
+        else:
+            segs.append(_Seg(t0, t1, TaskKind.CPU, GAP, None, None, None))
+
+    for e in evs:
+        while stack and stack[-1][0].end <= e.ts:
+            top = stack[-1][0]
+            own(cursor, top.end)
+            cursor = max(cursor, top.end)
+            stack.pop()
+        if e.end <= cursor and e.ts < cursor:
+            continue  # nested inside a runtime call already emitted
+        own(cursor, e.ts)
+        cursor = max(cursor, e.ts)
+        layer = stack[-1][1] if stack else None
+        op = stack[0][2] if stack else None
+        if e.cat in RUNTIME_CATS:
+            segs.append(_Seg(e.ts, e.end, TaskKind.RUNTIME, e.name, op, layer, e))
+            cursor = e.end
+            continue
+        own_layer = _layer_name(e)
+        seq = e.args.get("Sequence number")
+        if own_layer is None and isinstance(seq, int):
+            if e.args.get("Fwd thread id") is not None and e.name.startswith("autograd::"):
+                own_layer = seq_layer.get(seq)
+            elif layer is not None:
+                seq_layer.setdefault(seq, layer)
+        new_layer = own_layer or layer
+        new_op = op if op is not None else (e.name if e.cat == "cpu_op" else None)
+        comm = (stack[-1][3] if stack else False) or COMM_CPU_RX.search(e.name) is not None
+        stack.append((e, new_layer, new_op, comm))
+    while stack:
+        top = stack[-1][0]
+        own(cursor, top.end)
+        cursor = max(cursor, top.end)
+        stack.pop()
+    return segs
+
+
+def build_graph(tr: Trace) -> TaskGraph:
+    """Build the task graph of a parsed trace."""
+    threads: dict[tuple[Any, Any], list[Event]] = defaultdict(list)
+    gpu: list[Event] = []
+    step_events: list[Event] = []
+    for e in tr.events:
+        if e.cat in GPU_CATS:
+            gpu.append(e)
+        elif e.cat in CPU_CATS or e.cat in RUNTIME_CATS:
+            if e.cat == "user_annotation" and STEP_RX.match(e.name):
+                step_events.append(e)  # also kept on its thread: step boundaries cut the timeline
+            threads[(e.pid, e.tid)].append(e)
+    # ------------------------------------------------------------------ steps and anchor thread
+    anchor_key: tuple[Any, Any] | None = None
+    if step_events:
+        counts: dict[tuple[Any, Any], int] = defaultdict(int)
+        for e in step_events:
+            counts[(e.pid, e.tid)] += 1
+        anchor_key = max(counts, key=lambda k: counts[k])
+        step_events = sorted((e for e in step_events if (e.pid, e.tid) == anchor_key), key=lambda e: e.ts)
+    else:
+        warnings.warn(
+            f"{tr.path}: no ProfilerStep#N annotations; the whole trace is treated as one step",
+            stacklevel=2,
+        )
+    step_ids = [int(STEP_RX.match(e.name).group(1)) for e in step_events]  # type: ignore[union-attr]
+    step_t0 = [e.ts for e in step_events]
+    step_t1 = [e.end for e in step_events]
+
+    def step_at(t: float) -> int:
+        if not step_events:
+            return 0
+        i = bisect.bisect_right(step_t0, t) - 1
+        return step_ids[i] if i >= 0 and t < step_t1[i] else -1
+
+    b = GraphBuilder(source=tr.path)
+    seq_layer: dict[int, str] = {}
+    # The anchor first, so that forward ops (which name the layers) come before backward ones.
+    if anchor_key is not None and anchor_key not in threads:
+        threads[anchor_key] = []
+    keys = sorted(threads, key=lambda k: (k != anchor_key, str(k)))
+    segments = {k: _segment_thread(threads[k], seq_layer) for k in keys}
+    t_origin = min((segs[0].t0 for segs in segments.values() if segs), default=0.0)
+    anchor_segs = segments[anchor_key] if anchor_key is not None else []
+    plans, spawns, inside = _plan_threads(keys, anchor_key, segments, t_origin)
+    # ------------------------------------------------------------------ emit CPU tasks
+    corr_launch: dict[int, int] = {}  # correlation id -> launching task
+    runtime_tasks: list[tuple[_Seg, int, tuple[Any, Any]]] = []
+    task_of: dict[tuple[tuple[Any, Any], int], int] = {}
+    first_task_of: dict[tuple[tuple[Any, Any], int], int] = {}
+    for k in keys:
+        r = b.resource(f"cpu:{k[0]}/{k[1]}", ResourceKind.CPU_THREAD)
+        for idx, s in enumerate(plans[k]):
+            st = step_at(s.t0)
+            bursts = inside.get(idx) if k == anchor_key else None
+            if bursts:
+                # the anchor is blocked in this task while other threads' bursts run: split it
+                b_start = min(plans[kk][gi + 1].t0 for kk, gi, _ in bursts)
+                b_end = max(plans[kk][li].t1 for kk, _, li in bursts)
+                pre = b.task(s.name, s.kind, r, dur_us=max(0.0, min(b_start, s.t1) - s.t0), step=st,
+                             layer=s.layer, op=s.op, order=s.t0, ts_us=s.t0)  # fmt: skip
+                wait = b.task(s.name, TaskKind.SYNC, r, dur_us=max(0.0, s.t1 - max(b_end, s.t0)), step=st,
+                              layer=s.layer, op=s.op, order=s.t0 + 1e-3, ts_us=s.t0)  # fmt: skip
+                first_task_of[(k, idx)], task_of[(k, idx)] = pre, wait
+                continue
+            tid = b.task(s.name, s.kind, r, dur_us=s.t1 - s.t0, step=st, layer=s.layer, op=s.op,
+                         order=s.t0, ts_us=s.t0, size_bytes=s.size)  # fmt: skip
+            first_task_of[(k, idx)] = task_of[(k, idx)] = tid
+            if s.kind == TaskKind.RUNTIME and s.event is not None:
+                runtime_tasks.append((s, tid, k))
+                c = s.event.args.get("correlation")
+                if isinstance(c, int):
+                    corr_launch[c] = tid
+    if anchor_key is not None:
+        for a_idx, k, gap_idx, from_pre in spawns:
+            src = first_task_of[(anchor_key, a_idx)] if from_pre else task_of[(anchor_key, a_idx)]
+            b.edge(src, task_of[(k, gap_idx)], EdgeKind.DATA)
+        for a_idx, bursts in inside.items():
+            for k, _, last_idx in bursts:
+                b.edge(task_of[(k, last_idx)], task_of[(anchor_key, a_idx)], EdgeKind.SYNC)
+    del anchor_segs
+    # ------------------------------------------------------------------ GPU tasks
+    gpu.sort(key=lambda e: e.ts)
+    gpu_by_corr: dict[int, int] = {}
+    gpu_info: list[tuple[int, str, float, float]] = []  # (task, stream resource, ts, end)
+    for e in gpu:
+        dev = e.args.get("device", e.pid)
+        stream = e.args.get("stream", e.tid)
+        rname = f"gpu{dev}:s{stream}"
+        r = b.resource(rname, ResourceKind.GPU_STREAM)
+        c = e.args.get("correlation")
+        launch = corr_launch.get(c) if isinstance(c, int) else None
+        if e.cat == "kernel":
+            kind = TaskKind.COMM if e.name.lower().startswith("nccl") else TaskKind.KERNEL
+        elif e.cat == "gpu_memset":
+            kind = TaskKind.MEMSET
+        else:
+            kind = TaskKind.MEMCPY
+        if launch is not None:
+            st = int(b.cols["step"][launch])
+            layer = b.symbol_of(int(b.cols["layer"][launch]))
+            op = b.symbol_of(int(b.cols["op"][launch]))
+        else:
+            st, layer, op = step_at(e.ts), None, None
+        size = e.args.get("bytes", -1)
+        if kind == TaskKind.COMM and op is not None:
+            size = -1
+        t = b.task(e.name, kind, r, dur_us=e.dur, step=st, layer=layer, op=op, order=e.ts, ts_us=e.ts,
+                   deps=[launch] if launch is not None else [], dep_kind=EdgeKind.LAUNCH,
+                   size_bytes=int(size) if isinstance(size, int) else -1)  # fmt: skip
+        if isinstance(c, int):
+            gpu_by_corr[c] = t
+        gpu_info.append((t, rname, e.ts, e.end))
+    _add_syncs(b, runtime_tasks, gpu_by_corr, gpu_info)
+    steps = Steps(
+        ids=np.asarray(step_ids, np.int32),
+        start_us=np.asarray(step_t0, np.float64),
+        end_us=np.asarray(step_t1, np.float64),
+        anchor=b.resource(f"cpu:{anchor_key[0]}/{anchor_key[1]}", ResourceKind.CPU_THREAD) if anchor_key else -1,
+    )
+    if not step_events:
+        all_t0 = min((e.ts for e in tr.events), default=0.0)
+        all_t1 = max((e.end for e in tr.events), default=0.0)
+        steps = Steps(ids=np.zeros(1, np.int32), start_us=np.array([all_t0]), end_us=np.array([all_t1]), anchor=-1)
+    return b.build(steps)
+
+
+def _plan_threads(
+    keys: list[tuple[Any, Any]],
+    anchor_key: tuple[Any, Any] | None,
+    segments: dict[tuple[Any, Any], list[_Seg]],
+    t_origin: float,
+) -> tuple[
+    dict[tuple[Any, Any], list[_Seg]],
+    list[tuple[int, tuple[Any, Any], int, bool]],
+    dict[int, list[tuple[tuple[Any, Any], int, int]]],
+]:
+    """Order every thread's segments into a plan and find the bursts of non-anchor threads.
+
+    Returns ``(plans, spawns, inside)``: ``plans[k]`` is thread k's segment list (gaps included; the
+    anchor's starts with a lead gap from the trace origin); ``spawns`` lists ``(anchor index, thread,
+    gap index, from the pre part)`` edges that start a burst; ``inside[anchor index]`` lists the
+    ``(thread, gap index, last index)`` of bursts that run entirely inside that anchor segment.
+    """
+    plans: dict[tuple[Any, Any], list[_Seg]] = {}
+    spawns: list[tuple[int, tuple[Any, Any], int, bool]] = []
+    inside: dict[int, list[tuple[tuple[Any, Any], int, int]]] = defaultdict(list)
+    anchor: list[_Seg] = []
+    if anchor_key is not None:
+        segs = segments[anchor_key]
+        lead = [_Seg(t_origin, segs[0].t0, TaskKind.CPU, GAP, None, None, None)] if segs and segs[0].t0 > t_origin else []
+        anchor = plans[anchor_key] = lead + segs
+    a_t0 = [s.t0 for s in anchor]
+    a_t1 = [s.t1 for s in anchor]
+    for k in keys:
+        if k == anchor_key:
+            continue
+        segs = [s for s in segments[k] if s.name != GAP or anchor_key is None]
+        if anchor_key is None:
+            lead = [_Seg(t_origin, segs[0].t0, TaskKind.CPU, GAP, None, None, None)] if segs and segs[0].t0 > t_origin else []
+            plans[k] = lead + segs
+            continue
+        out: list[_Seg] = []
+        prev_end = t_origin
+        i = 0
+        while i < len(segs):
+            x = bisect.bisect_right(a_t0, segs[i].t0) - 1
+            x_end = a_t1[x] if x >= 0 else -np.inf
+            j = i
+            while j + 1 < len(segs) and segs[j + 1].t0 < x_end:
+                j += 1
+            burst = segs[i : j + 1]
+            blocked = x >= 0 and burst[-1].t1 <= x_end and anchor[x].kind == TaskKind.CPU and anchor[x].name != GAP
+            if blocked:
+                src, gap_t0 = x, max(prev_end, anchor[x].t0)
+            else:
+                src = bisect.bisect_right(a_t1, burst[0].t0) - 1
+                gap_t0 = max(prev_end, a_t1[src] if src >= 0 else t_origin)
+            out.append(_Seg(min(gap_t0, burst[0].t0), burst[0].t0, TaskKind.CPU, GAP, None, None, None))
+            gap_idx = len(out) - 1
+            if src >= 0:
+                spawns.append((src, k, gap_idx, blocked))
+            for a, c in itertools.pairwise(burst):
+                out.append(a)
+                if c.t0 > a.t1:
+                    out.append(_Seg(a.t1, c.t0, TaskKind.CPU, GAP, None, None, None))
+            out.append(burst[-1])
+            if blocked:
+                inside[x].append((k, gap_idx, len(out) - 1))
+            prev_end = burst[-1].t1
+            i = j + 1
+        plans[k] = out
+    # a blocked anchor segment's pre part must end where its first burst starts: fix the gaps
+    for bursts in inside.values():
+        first = min(plans[k][g + 1].t0 for k, g, _ in bursts)
+        for k, g, _ in bursts:
+            gap = plans[k][g]
+            gap.t0 = min(max(gap.t0, first), gap.t1)
+    return plans, spawns, inside
+
+
+def _add_syncs(
+    b: GraphBuilder,
+    runtime_tasks: list[tuple[_Seg, int, tuple[Any, Any]]],
+    gpu_by_corr: dict[int, int],
+    gpu_info: list[tuple[int, str, float, float]],
+) -> None:
+    """SYNC edges for blocking calls and GPU->GPU edges for cudaStreamWaitEvent (module doc, step 3)."""
+    info = {t: (rn, ts, end) for t, rn, ts, end in gpu_info}
+    # launches in CPU time order: (call start, gpu task, stream)
+    launches = sorted(
+        (s.t0, gpu_by_corr[c], info[gpu_by_corr[c]][0])
+        for s, _, _ in runtime_tasks
+        if isinstance(c := s.event.args.get("correlation"), int) and c in gpu_by_corr  # type: ignore[union-attr]
+    )
+    launch_t = [x[0] for x in launches]
+    last_on: dict[str, int] = {}
+    last_idx: list[dict[str, int]] = []
+    for _, t, rn in launches:
+        last_on = {**last_on, rn: t} if len(last_on) < 64 else last_on | {rn: t}
+        last_idx.append(last_on)
+
+    def last_before(t0: float) -> dict[str, int]:
+        i = bisect.bisect_left(launch_t, t0) - 1
+        return last_idx[i] if i >= 0 else {}
+
+    by_thread: dict[tuple[Any, Any], list[tuple[_Seg, int]]] = defaultdict(list)
+    for s, tid, k in runtime_tasks:
+        by_thread[k].append((s, tid))
+    for calls in by_thread.values():
+        calls.sort(key=lambda x: x[0].t0)
+        pending_record: dict[str, int] | None = None
+        wait_from: dict[str, int] | None = None
+        for s, tid in calls:
+            ev = s.event
+            assert ev is not None
+            name = ev.name
+            c = ev.args.get("correlation")
+            own = gpu_by_corr.get(c) if isinstance(c, int) else None
+            if wait_from is not None and own is not None:
+                rn = info[own][0]
+                srcs = [t for r2, t in wait_from.items() if r2 != rn]
+                for t in srcs:
+                    if info[t][2] <= info[own][1] + 0.5:
+                        b.edge(t, own, EdgeKind.SYNC)
+                wait_from = None
+            if name == "cudaEventRecord":
+                pending_record = last_before(s.t0)
+                continue
+            if name == "cudaStreamWaitEvent":
+                if pending_record:
+                    latest = max(pending_record.values(), key=lambda t: info[t][2])
+                    wait_from = {info[latest][0]: latest}
+                continue
+            blocking = bool(SYNC_CALL_RX.search(name))
+            if not blocking and own is not None and name.startswith("cudaMemcpy"):
+                gname = b.symbol_of(int(b.cols["name"][own])) or ""
+                blocking = "Pageable" in gname or "DtoH" in gname
+            if not blocking:
+                continue
+            cands = ([own] if own is not None else []) + (list(last_before(s.t0).values()) if "Synchronize" in name else [])
+            cands = [t for t in cands if s.t0 < info[t][2] <= s.t1 + 0.5]
+            if not cands:
+                continue
+            a = max(cands, key=lambda t: info[t][2])
+            a_end = info[a][2]
+            launch_part = min(max(info[own][1] - s.t0, 0.0), s.t1 - s.t0) if own is not None else 0.0
+            # this runtime task becomes the launch part; a SYNC task after it waits for `a`
+            b.cols["dur_us"][tid] = launch_part
+            wait = b.task(
+                name, TaskKind.SYNC, int(b.cols["resource"][tid]), dur_us=max(0.0, s.t1 - max(a_end, s.t0 + launch_part)),
+                step=int(b.cols["step"][tid]), layer=b.symbol_of(int(b.cols["layer"][tid])),
+                op=b.symbol_of(int(b.cols["op"][tid])), order=s.t0 + 1e-6, ts_us=s.t0,
+            )  # fmt: skip
+            b.edge(a, wait, EdgeKind.SYNC)
