@@ -31,7 +31,6 @@ import itertools
 import re
 import warnings
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +64,17 @@ def load_trace(path: str | Path) -> TaskGraph:
     return build_graph(read_trace(path))
 
 
-@dataclass(slots=True)
 class _Seg:
-    """A piece of a CPU thread's timeline that becomes one task."""
+    """A piece of a CPU thread's timeline that becomes one task (a plain class: made ~10^5 times)."""
 
-    t0: float
-    t1: float
-    kind: TaskKind
-    name: str
-    op: str | None
-    layer: str | None
-    event: Event | None  # the runtime event for RUNTIME pieces
-    size: int = -1
-    task: int = -1
-    extra: list[int] = field(default_factory=list)
+    __slots__ = ("event", "kind", "layer", "name", "op", "size", "t0", "t1")
+
+    def __init__(
+        self, t0: float, t1: float, kind: int, name: str, op: str | None, layer: str | None, event: Event | None,
+        size: int = -1,
+    ) -> None:  # fmt: skip
+        self.t0, self.t1, self.kind, self.name, self.op, self.layer, self.event = t0, t1, kind, name, op, layer, event
+        self.size = size
 
 
 def _size_of(e: Event) -> int:
@@ -108,50 +104,57 @@ def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg
     """Cut one thread's events into tiling segments (see the module docstring, step 1)."""
     evs = sorted(events, key=lambda e: (e.ts, -e.dur))
     segs: list[_Seg] = []
-    stack: list[tuple[Event, str | None, str | None, bool]] = []  # (event, layer, outermost op, in comm)
+    add = segs.append
+    cpu, comm_kind, runtime = int(TaskKind.CPU), int(TaskKind.COMM), int(TaskKind.RUNTIME)
+    # stack entries: (end, name, layer, outermost op, bytes of the enclosing collective (-1 unknown, -2 none),
+    # inside a collective that runs on the CPU)
+    stack: list[tuple[float, str, str | None, str | None, int, bool]] = []
     cursor = evs[0].ts if evs else 0.0
-
-    def own(t0: float, t1: float) -> None:
-        if t1 <= t0:
-            return
-        if stack:
-            e, layer, op, comm = stack[-1]
-            segs.append(_Seg(t0, t1, TaskKind.COMM if comm else TaskKind.CPU, e.name, op, layer, None))
-        else:
-            segs.append(_Seg(t0, t1, TaskKind.CPU, GAP, None, None, None))
-
     for e in evs:
-        while stack and stack[-1][0].end <= e.ts:
-            top = stack[-1][0]
-            own(cursor, top.end)
-            cursor = max(cursor, top.end)
-            stack.pop()
-        if e.end <= cursor and e.ts < cursor:
+        ts = e.ts
+        while stack and stack[-1][0] <= ts:
+            end, name, layer, op, size, oncpu = stack.pop()
+            if end > cursor:
+                add(_Seg(cursor, end, comm_kind if oncpu else cpu, name, op, layer, None, size))
+                cursor = end
+        if e.end <= cursor and ts < cursor:
             continue  # nested inside a runtime call already emitted
-        own(cursor, e.ts)
-        cursor = max(cursor, e.ts)
-        layer = stack[-1][1] if stack else None
-        op = stack[0][2] if stack else None
-        if e.cat in RUNTIME_CATS:
-            segs.append(_Seg(e.ts, e.end, TaskKind.RUNTIME, e.name, op, layer, e))
+        if ts > cursor:
+            if stack:
+                _, name, layer, op, size, oncpu = stack[-1]
+                add(_Seg(cursor, ts, comm_kind if oncpu else cpu, name, op, layer, None, size))
+            else:
+                add(_Seg(cursor, ts, cpu, GAP, None, None, None))
+            cursor = ts
+        if stack:
+            _, _, layer, op, size, oncpu = stack[-1]
+        else:
+            layer, op, size, oncpu = None, None, -2, False
+        cat = e.cat
+        if cat in RUNTIME_CATS:
+            add(_Seg(ts, e.end, runtime, e.name, op, layer, e, size))
             cursor = e.end
             continue
-        own_layer = _layer_name(e)
+        own_layer = _layer_name(e) if cat != "cpu_op" else None
         seq = e.args.get("Sequence number")
-        if own_layer is None and isinstance(seq, int):
+        if own_layer is None and seq is not None:
             if e.args.get("Fwd thread id") is not None and e.name.startswith("autograd::"):
                 own_layer = seq_layer.get(seq)
             elif layer is not None:
                 seq_layer.setdefault(seq, layer)
-        new_layer = own_layer or layer
-        new_op = op if op is not None else (e.name if e.cat == "cpu_op" else None)
-        comm = (stack[-1][3] if stack else False) or COMM_CPU_RX.search(e.name) is not None
-        stack.append((e, new_layer, new_op, comm))
+        stack.append((
+            e.end, e.name, own_layer or layer, op if op is not None else (e.name if cat == "cpu_op" else None),
+            size if size > -2 else (_size_of(e) if COMM_ANNOT_RX.search(e.name) else -2),
+            oncpu or COMM_CPU_RX.search(e.name) is not None,
+        ))  # fmt: skip
     while stack:
-        top = stack[-1][0]
-        own(cursor, top.end)
-        cursor = max(cursor, top.end)
-        stack.pop()
+        end, name, layer, op, size, oncpu = stack.pop()
+        if end > cursor:
+            add(_Seg(cursor, end, comm_kind if oncpu else cpu, name, op, layer, None, size))
+            cursor = end
+    for x in segs:
+        if x.size == -2:
+            x.size = -1
     return segs
 
 
@@ -184,12 +187,6 @@ def build_graph(tr: Trace) -> TaskGraph:
     step_t0 = [e.ts for e in step_events]
     step_t1 = [e.end for e in step_events]
 
-    def step_at(t: float) -> int:
-        if not step_events:
-            return 0
-        i = bisect.bisect_right(step_t0, t) - 1
-        return step_ids[i] if i >= 0 and t < step_t1[i] else -1
-
     b = GraphBuilder(source=tr.path)
     seq_layer: dict[int, str] = {}
     # The anchor first, so that forward ops (which name the layers) come before backward ones.
@@ -200,74 +197,128 @@ def build_graph(tr: Trace) -> TaskGraph:
     t_origin = min((segs[0].t0 for segs in segments.values() if segs), default=0.0)
     anchor_segs = segments[anchor_key] if anchor_key is not None else []
     plans, spawns, inside = _plan_threads(keys, anchor_key, segments, t_origin)
-    # ------------------------------------------------------------------ emit CPU tasks
+    # ------------------------------------------------------------------ emit CPU tasks (column-wise)
+    cols = b.cols
+    sym = b.sym
+    st0 = np.asarray(step_t0, np.float64)
+    st1 = np.asarray(step_t1, np.float64)
+    sid = np.asarray(step_ids, np.int64)
+
+    def steps_at(t: np.ndarray) -> list[int]:
+        if not step_events:
+            return [0] * len(t)
+        i = np.searchsorted(st0, t, side="right") - 1
+        ok = (i >= 0) & (t < st1[np.maximum(i, 0)])
+        return np.where(ok, sid[np.maximum(i, 0)], -1).tolist()
+
+    def extend(plan: list[_Seg], r: int) -> int:
+        base = len(cols["kind"])
+        t0 = [x.t0 for x in plan]
+        cols["kind"].extend([x.kind for x in plan])
+        cols["name"].extend([sym(x.name) for x in plan])
+        cols["op"].extend([sym(x.op) for x in plan])
+        cols["layer"].extend([sym(x.layer) for x in plan])
+        cols["resource"].extend([r] * len(plan))
+        cols["order"].extend(t0)
+        cols["dur_us"].extend([x.t1 - x.t0 for x in plan])
+        cols["ts_us"].extend(t0)
+        cols["step"].extend(steps_at(np.asarray(t0, np.float64)))
+        cols["size_bytes"].extend([x.size for x in plan])
+        cols["group"].extend([-1] * len(plan))
+        cols["priority"].extend([0.0] * len(plan))
+        return base
+
     corr_launch: dict[int, int] = {}  # correlation id -> launching task
     runtime_tasks: list[tuple[_Seg, int, tuple[Any, Any]]] = []
-    task_of: dict[tuple[tuple[Any, Any], int], int] = {}
-    first_task_of: dict[tuple[tuple[Any, Any], int], int] = {}
+    base_of: dict[tuple[Any, Any], int] = {}
+    wait_of: dict[int, int] = {}  # anchor segment index -> its SYNC (waiting) part
     for k in keys:
         r = b.resource(f"cpu:{k[0]}/{k[1]}", ResourceKind.CPU_THREAD)
-        for idx, s in enumerate(plans[k]):
-            st = step_at(s.t0)
-            bursts = inside.get(idx) if k == anchor_key else None
-            if bursts:
-                # the anchor is blocked in this task while other threads' bursts run: split it
-                b_start = min(plans[kk][gi + 1].t0 for kk, gi, _ in bursts)
-                b_end = max(plans[kk][li].t1 for kk, _, li in bursts)
-                pre = b.task(s.name, s.kind, r, dur_us=max(0.0, min(b_start, s.t1) - s.t0), step=st,
-                             layer=s.layer, op=s.op, order=s.t0, ts_us=s.t0)  # fmt: skip
-                wait = b.task(s.name, TaskKind.SYNC, r, dur_us=max(0.0, s.t1 - max(b_end, s.t0)), step=st,
-                              layer=s.layer, op=s.op, order=s.t0 + 1e-3, ts_us=s.t0)  # fmt: skip
-                first_task_of[(k, idx)], task_of[(k, idx)] = pre, wait
-                continue
-            tid = b.task(s.name, s.kind, r, dur_us=s.t1 - s.t0, step=st, layer=s.layer, op=s.op,
-                         order=s.t0, ts_us=s.t0, size_bytes=s.size)  # fmt: skip
-            first_task_of[(k, idx)] = task_of[(k, idx)] = tid
-            if s.kind == TaskKind.RUNTIME and s.event is not None:
-                runtime_tasks.append((s, tid, k))
-                c = s.event.args.get("correlation")
-                if isinstance(c, int):
-                    corr_launch[c] = tid
+        plan = plans[k]
+        base = base_of[k] = extend(plan, r)
+        for idx, x in enumerate(plan):
+            if x.event is not None:
+                runtime_tasks.append((x, base + idx, k))
+                c = x.event.args.get("correlation")
+                if type(c) is int:
+                    corr_launch[c] = base + idx
+        if k != anchor_key:
+            continue
+        for idx, bursts in inside.items():
+            # the anchor is blocked in this task while other threads' bursts run: split it
+            x = plan[idx]
+            b_start = min(plans[kk][gi + 1].t0 for kk, gi, _ in bursts)
+            b_end = max(plans[kk][li].t1 for kk, _, li in bursts)
+            cols["dur_us"][base + idx] = max(0.0, min(b_start, x.t1) - x.t0)
+            wait_of[idx] = b.task(x.name, TaskKind.SYNC, r, dur_us=max(0.0, x.t1 - max(b_end, x.t0)),
+                                  step=int(cols["step"][base + idx]), layer=x.layer, op=x.op,
+                                  order=x.t0 + 1e-3, ts_us=x.t0)  # fmt: skip
     if anchor_key is not None:
+        a_base = base_of[anchor_key]
         for a_idx, k, gap_idx, from_pre in spawns:
-            src = first_task_of[(anchor_key, a_idx)] if from_pre else task_of[(anchor_key, a_idx)]
-            b.edge(src, task_of[(k, gap_idx)], EdgeKind.DATA)
+            src = a_base + a_idx if from_pre else wait_of.get(a_idx, a_base + a_idx)
+            b.edge(src, base_of[k] + gap_idx, EdgeKind.DATA)
         for a_idx, bursts in inside.items():
             for k, _, last_idx in bursts:
-                b.edge(task_of[(k, last_idx)], task_of[(anchor_key, a_idx)], EdgeKind.SYNC)
+                b.edge(base_of[k] + last_idx, wait_of[a_idx], EdgeKind.SYNC)
     del anchor_segs
-    # ------------------------------------------------------------------ GPU tasks
+    # ------------------------------------------------------------------ GPU tasks (column-wise)
     gpu.sort(key=lambda e: e.ts)
     gpu_by_corr: dict[int, int] = {}
     gpu_info: list[tuple[int, str, float, float]] = []  # (task, stream resource, ts, end)
-    for e in gpu:
-        dev = e.args.get("device", e.pid)
-        stream = e.args.get("stream", e.tid)
-        rname = f"gpu{dev}:s{stream}"
-        r = b.resource(rname, ResourceKind.GPU_STREAM)
-        c = e.args.get("correlation")
-        launch = corr_launch.get(c) if isinstance(c, int) else None
+    kind_of = {"gpu_memset": int(TaskKind.MEMSET), "gpu_memcpy": int(TaskKind.MEMCPY)}
+    res_cache: dict[tuple[Any, Any], tuple[int, str]] = {}
+    g_base = len(cols["kind"])
+    g_kind, g_name, g_op, g_layer, g_res, g_step, g_size = [], [], [], [], [], [], []
+    c_step, c_op, c_layer, c_size = cols["step"], cols["op"], cols["layer"], cols["size_bytes"]
+    launch_src, launch_dst = [], []
+    for n, e in enumerate(gpu):
+        args = e.args
+        key = (args.get("device", e.pid), args.get("stream", e.tid))
+        hit = res_cache.get(key)
+        if hit is None:
+            rname = f"gpu{key[0]}:s{key[1]}"
+            hit = res_cache[key] = (b.resource(rname, ResourceKind.GPU_STREAM), rname)
+        t = g_base + n
+        c = args.get("correlation")
+        launch = corr_launch.get(c) if type(c) is int else None
         if e.cat == "kernel":
-            kind = TaskKind.COMM if e.name.lower().startswith("nccl") else TaskKind.KERNEL
-        elif e.cat == "gpu_memset":
-            kind = TaskKind.MEMSET
+            kind = int(TaskKind.COMM) if e.name.startswith(("nccl", "ncclDev", "Nccl")) else int(TaskKind.KERNEL)
         else:
-            kind = TaskKind.MEMCPY
+            kind = kind_of.get(e.cat, int(TaskKind.MEMCPY))
+        size = args.get("bytes", -1)
         if launch is not None:
-            st = int(b.cols["step"][launch])
-            layer = b.symbol_of(int(b.cols["layer"][launch]))
-            op = b.symbol_of(int(b.cols["op"][launch]))
+            g_step.append(c_step[launch])
+            g_op.append(c_op[launch])
+            g_layer.append(c_layer[launch])
+            launch_src.append(launch)
+            launch_dst.append(t)
+            if kind == TaskKind.COMM:
+                size = c_size[launch]
         else:
-            st, layer, op = step_at(e.ts), None, None
-        size = e.args.get("bytes", -1)
-        if kind == TaskKind.COMM and op is not None:
-            size = -1
-        t = b.task(e.name, kind, r, dur_us=e.dur, step=st, layer=layer, op=op, order=e.ts, ts_us=e.ts,
-                   deps=[launch] if launch is not None else [], dep_kind=EdgeKind.LAUNCH,
-                   size_bytes=int(size) if isinstance(size, int) else -1)  # fmt: skip
-        if isinstance(c, int):
+            g_step.append(steps_at(np.array([e.ts]))[0])
+            g_op.append(-1)
+            g_layer.append(-1)
+        g_kind.append(kind)
+        g_name.append(sym(e.name))
+        g_res.append(hit[0])
+        g_size.append(size if type(size) is int else -1)
+        if type(c) is int:
             gpu_by_corr[c] = t
-        gpu_info.append((t, rname, e.ts, e.end))
+        gpu_info.append((t, hit[1], e.ts, e.end))
+    cols["kind"].extend(g_kind)
+    cols["name"].extend(g_name)
+    cols["op"].extend(g_op)
+    cols["layer"].extend(g_layer)
+    cols["resource"].extend(g_res)
+    cols["order"].extend([e.ts for e in gpu])
+    cols["dur_us"].extend([e.dur for e in gpu])
+    cols["ts_us"].extend([e.ts for e in gpu])
+    cols["step"].extend(g_step)
+    cols["size_bytes"].extend(g_size)
+    cols["group"].extend([-1] * len(gpu))
+    cols["priority"].extend([0.0] * len(gpu))
+    b.edges_bulk(launch_src, launch_dst, EdgeKind.LAUNCH)
     _add_syncs(b, runtime_tasks, gpu_by_corr, gpu_info)
     steps = Steps(
         ids=np.asarray(step_ids, np.int32),

@@ -302,6 +302,10 @@ class GraphBuilder:
     def edge(self, src: int, dst: int, kind: EdgeKind = EdgeKind.DATA) -> None:
         self._edges.append((src, dst, int(kind)))
 
+    def edges_bulk(self, src: list[int], dst: list[int], kind: EdgeKind) -> None:
+        k = int(kind)
+        self._edges.extend((s, d, k) for s, d in zip(src, dst, strict=True))
+
     def build(self, steps: Steps | None = None) -> TaskGraph:
         cols: dict[str, Any] = {k: np.asarray(v, dtype=_TASK_COLUMNS[k]) for k, v in self.cols.items()}
         e = np.asarray(self._edges, dtype=np.int64).reshape(-1, 3)

@@ -124,10 +124,10 @@ class SimResult:
     def step_bounds_us(self) -> tuple[np.ndarray, F64, F64]:
         """``(step ids, simulated start, simulated end)`` of each step.
 
-        With an anchor (the thread that carries ``ProfilerStep#N``), a step runs from the first task
-        of the step on the anchor to the first task of the next step there (the last step: to the
-        end of its last task there), which is what the trace's step annotation measures. Without
-        one, a step is the span of its tasks.
+        With an anchor (the thread that carries ``ProfilerStep#N``), a step runs from the start of
+        its first task on the anchor to the end of its last task there: the builder cuts the
+        anchor's timeline at the step annotations, so this is what the annotation measures. Without
+        an anchor, a step is the span of all its tasks.
         """
         g = self.graph
         ids = g.steps.ids if g.steps.ids.size else np.unique(g.step[g.step >= 0])
@@ -143,8 +143,6 @@ class SimResult:
         t1 = np.full(ids.size, -np.inf)
         np.minimum.at(t0, pos[ok], self.start_us[ok])
         np.maximum.at(t1, pos[ok], self.end_us[ok])
-        if g.steps.anchor >= 0 and ids.size > 1:
-            t1[:-1] = np.where(np.isfinite(t0[1:]), t0[1:], t1[:-1])
         return ids, t0, t1
 
     @property

@@ -24,11 +24,18 @@ BUCKET_EVERY = 32
 
 
 def synthetic_graph(n_tasks: int, seed: int = 0) -> TaskGraph:
-    """A graph of about ``n_tasks`` tasks (at least ``n_tasks``)."""
-    rng = np.random.default_rng(seed)
+    """A graph of at least ``n_tasks`` tasks (a few more, to finish the last unit)."""
     # one "unit" = CPU op + launch + kernel (3 tasks); plus 1 sync per SYNC_EVERY, 1 comm per BUCKET_EVERY
-    per_unit = 3 + 1 / SYNC_EVERY + 1 / BUCKET_EVERY
-    u = max(1, int(np.ceil(n_tasks / per_unit)))
+    u = max(1, int(n_tasks / (3 + 1 / SYNC_EVERY + 0.5 / BUCKET_EVERY)))
+    while True:
+        g = _build(u, seed)
+        if g.n_tasks >= n_tasks:
+            return g
+        u += (n_tasks - g.n_tasks) // 3 + 1
+
+
+def _build(u: int, seed: int) -> TaskGraph:
+    rng = np.random.default_rng(seed)
     units = np.arange(u)
     thread = (units // 256) % 2  # alternate blocks of 256 units between the two CPU threads
     stream = 2 + (units // 16) % N_STREAMS  # resources 0,1 CPU; 2..5 GPU streams; 6 comm

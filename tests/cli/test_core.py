@@ -1,0 +1,99 @@
+"""The CLI's JSON contract and exit codes for replay, whatif and bench-sim."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tracefactory import TraceMaker
+from trainsim.cli.main import main
+
+
+def _trace(tmp_path: Path) -> Path:
+    t = TraceMaker()
+    for s in range(3):
+        base = s * 1000.0
+        t.step(s, base, 900)
+        t.cpu("aten::linear", base + 10, 100)
+        t.launch(base + 20, 5, base + 25, 300, kernel="volta_sgemm_128x64")
+        t.launch(base + 40, 5, base + 325, 100, kernel="elementwise_kernel")
+        t.cpu("Optimizer.step#SGD.step", base + 200, 100, cat="user_annotation")
+        for i in range(3):
+            t.launch(base + 210 + 20 * i, 5, base + 430 + 10 * i, 5, kernel=f"sgd_kernel_{i}")
+        t.runtime("cudaDeviceSynchronize", base + 400, 490)
+    return t.write(tmp_path / "t.json.gz", gz=True)
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_replay_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["replay", str(_trace(tmp_path)), "--json", "--timeline", str(tmp_path / "sim.json")], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert {"steps", "measured_ms", "simulated_ms", "tasks"} <= doc.keys()
+    assert [s["step"] for s in doc["steps"]] == [0, 1, 2]
+    for s in doc["steps"]:
+        assert s["measured_ms"] == pytest.approx(0.9)
+        assert s["simulated_ms"] == pytest.approx(0.9, rel=0.02)
+    assert json.loads((tmp_path / "sim.json").read_text())["traceEvents"]
+
+
+def test_whatif_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["whatif", str(_trace(tmp_path)), "--amp", "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert {"steps", "measured_ms", "simulated_ms", "tasks", "baseline_ms", "whatif_ms"} <= doc.keys()
+    assert doc["whatif_ms"] < doc["baseline_ms"]
+    code, out, _ = _run(["whatif", str(_trace(tmp_path)), "--fused-optimizer", "--scale", "name:sgemm=0.5", "--json"],
+                        capsys)  # fmt: skip
+    assert code == 0 and json.loads(out)["whatif"] == ["fused-optimizer", "scale name:sgemm=0.5"]
+
+
+def test_bench_sim_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["bench-sim", "--tasks", "5000", "--json", "--repeat", "1"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["tasks"] >= 5000 and doc["tasks_per_s"] > 0 and {"build_s", "simulate_s"} <= doc.keys()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["replay", "does/not/exist.json"],
+        ["whatif", "TRACE"],
+        ["whatif", "TRACE", "--scale", "name:gemm"],
+        ["whatif", "TRACE", "--scale", "name:nothing=2"],
+        ["replay", "TRACE", "--timeline", "out.png"],
+        ["bench-sim", "--tasks", "0"],
+        ["no-such-command"],
+    ],
+)
+def test_bad_input_exit_code_2_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    trace = str(_trace(tmp_path))
+    args = [trace if a == "TRACE" else a for a in args]
+    code, _, err = _run(args, capsys)
+    assert code == 2
+    assert "Traceback" not in err and err.strip()
+
+
+def test_bad_trace_via_subprocess_no_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    p = subprocess.run([sys.executable, "-m", "trainsim", "replay", str(bad)], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and str(bad) in p.stderr and "Traceback" not in p.stderr
+    assert bad.read_text() == "{oops"  # the user's file is untouched
+
+
+def test_cli_import_does_not_import_torch() -> None:
+    code = "import sys, trainsim.cli.main as m, trainsim.cli.core; m.main(['--help']); print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.stdout.strip().endswith("False")
