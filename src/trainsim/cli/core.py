@@ -34,11 +34,14 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def _load(trace: str) -> Any:
-    from trainsim.graph.build import load_trace
+    from trainsim.capture.kineto import read_trace
+    from trainsim.graph.build import build_graph
 
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, _console_err().status(f"reading {trace}") as status:
         warnings.simplefilter("always")
-        g = load_trace(trace)
+        tr = read_trace(trace)
+        status.update(f"building the task graph of {len(tr.events)} events")
+        g = build_graph(tr)
     for w in caught:
         click.echo(f"trainsim: warning: {w.message}", err=True)
     return g
@@ -115,7 +118,7 @@ def replay(trace: str, as_json: bool, timeline: str | None) -> None:
         return
     rows = [(str(s["step"]), _fmt(s["measured_ms"]), _fmt(s["simulated_ms"])) for s in out["steps"]]
     rows.append(("mean", _fmt(out["measured_ms"]), _fmt(out["simulated_ms"])))
-    _print_table(f"{trace}: {g.n_tasks} tasks", rows, ("step", "measured ms", "simulated ms"))
+    _print_table(f"{Path(trace).name}: {g.n_tasks} tasks", rows, ("step", "measured ms", "simulated ms"))
     _print_breakdown(out)
 
 
@@ -185,7 +188,7 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
         return
     rows = [("measured", _fmt(out["measured_ms"])), ("simulated baseline", _fmt(out["baseline_ms"])),
             ("what-if: " + "; ".join(applied), _fmt(out["whatif_ms"]))]  # fmt: skip
-    _print_table(f"{trace}: what-if", rows, ("", "step ms"))
+    _print_table(f"{Path(trace).name}: what-if", rows, ("", "step ms"))
     click.echo(f"predicted speed-up: {out['speedup']:.3f}x")
     _print_breakdown(out)
 

@@ -27,6 +27,7 @@ How the trace becomes tasks:
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import re
 import warnings
@@ -92,6 +93,16 @@ def _size_of(e: Event) -> int:
     return -1
 
 
+@functools.lru_cache(maxsize=65536)
+def _is_collective(name: str) -> bool:
+    return COMM_ANNOT_RX.search(name) is not None
+
+
+@functools.lru_cache(maxsize=65536)
+def _is_cpu_collective(name: str) -> bool:
+    return COMM_CPU_RX.search(name) is not None
+
+
 def _layer_name(e: Event) -> str | None:
     if e.cat == "user_annotation" and not LAYER_SKIP_RX.search(e.name):
         return e.name
@@ -144,8 +155,8 @@ def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg
                 seq_layer.setdefault(seq, layer)
         stack.append((
             e.end, e.name, own_layer or layer, op if op is not None else (e.name if cat == "cpu_op" else None),
-            size if size > -2 else (_size_of(e) if COMM_ANNOT_RX.search(e.name) else -2),
-            oncpu or COMM_CPU_RX.search(e.name) is not None,
+            size if size > -2 else (_size_of(e) if _is_collective(e.name) else -2),
+            oncpu or _is_cpu_collective(e.name),
         ))  # fmt: skip
     while stack:
         end, name, layer, op, size, oncpu = stack.pop()
