@@ -11,12 +11,17 @@ raises ``UserError`` naming the file and, for a bad event, its index and field.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import gzip
 import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from trainsim.errors import UserError
 
@@ -72,9 +77,30 @@ def _load_json(path: Path) -> Any:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many acyclic containers.
+
+    Parsing a 200k-event trace allocates millions of dicts, lists and tuples and none of them form
+    cycles; the collector's repeated full passes over them took about half the load time (measured in
+    docs/benchmarks.md; dPRO's notes report the same, ~20% at 1M tasks).
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def read_trace(path: str | Path) -> Trace:
     """Parse ``path`` and check every complete event; raise ``UserError`` on bad input."""
-    p = Path(path)
+    with paused_gc():
+        return _read_trace(Path(path))
+
+
+def _read_trace(p: Path) -> Trace:
     doc = _load_json(p)
     if isinstance(doc, list):  # the bare-array form of the Chrome trace format
         doc = {"traceEvents": doc}
@@ -83,42 +109,68 @@ def read_trace(path: str | Path) -> Trace:
     raw_events = doc["traceEvents"]
     if not isinstance(raw_events, list):
         raise UserError(f"{p}: 'traceEvents' is {type(raw_events).__name__}; expected a list of events")
-    complete: list[tuple[int, dict[str, Any]]] = []
-    flow_events: list[dict[str, Any]] = []
-    for i, e in enumerate(raw_events):
-        if type(e) is not dict:
-            raise UserError(f"{p}: traceEvents[{i}] is {type(e).__name__}; expected an object")
-        ph = e.get("ph")
-        if ph == "X":
-            complete.append((i, e))
-        elif ph == "s" or ph == "f":
-            flow_events.append(e)
-    if not complete:
+    if not all(type(e) is dict for e in raw_events):
+        i = next(i for i, e in enumerate(raw_events) if type(e) is not dict)
+        raise UserError(f"{p}: traceEvents[{i}] is {type(raw_events[i]).__name__}; expected an object")
+    pos = [i for i, e in enumerate(raw_events) if e.get("ph") == "X"]
+    if not pos:
         raise UserError(f"{p}: the trace has no complete ('ph': 'X') events; nothing to replay")
-    base = math.inf
-    for _, e in complete:
-        ts = e.get("ts")
-        if (type(ts) is float or type(ts) is int) and ts < base:
-            base = float(ts)
-    events: list[Event] = []
-    append = events.append
-    missing_corr = False
+    complete = [raw_events[i] for i in pos]
+    # Columns first, checked as wholes; an event-by-event pass runs only to word an error.
+    ts = [e.get("ts") for e in complete]
+    dur = [e.get("dur", 0.0) for e in complete]
+    names = [e.get("name") for e in complete]
+    cats = [e.get("cat", "") for e in complete]
+    args = [e.get("args") for e in complete]
+    pids = [e.get("pid", 0) for e in complete]
+    tids = [e.get("tid", 0) for e in complete]
+    numbers = {int, float}
+    ok = (
+        set(map(type, ts)) <= numbers
+        and set(map(type, dur)) <= numbers
+        and set(map(type, names)) <= {str}
+        and set(map(type, cats)) <= {str}
+        and set(map(type, args)) <= {dict, type(None)}
+        and set(map(type, pids)) <= set(_ID_TYPES)
+        and set(map(type, tids)) <= set(_ID_TYPES)
+    )
+    ts_a = np.asarray(ts, np.float64) if ok else None
+    dur_a = np.asarray(dur, np.float64) if ok else None
+    if not ok or ts_a is None or dur_a is None or not (
+        np.isfinite(ts_a).all() and np.isfinite(dur_a).all() and (dur_a >= 0).all() and (dur_a <= MAX_DUR_US).all()
+    ):
+        _explain(p, pos, complete)
+        raise AssertionError("a column check failed but no event was found at fault")  # pragma: no cover
+    base = float(ts_a.min())
+    rel = (ts_a - base).tolist()
+    end = (ts_a - base + dur_a).tolist()
+    durf = dur_a.tolist()
+    empty: dict[str, Any] = {}
+    args = [a if a is not None else empty for a in args]
+    events = list(map(Event, pos, cats, names, pids, tids, rel, durf, args, end))
     need_corr = RUNTIME_CATS | GPU_CATS
-    for i, e in complete:
+    if any(c in need_corr and "correlation" not in a for c, a in zip(cats, args, strict=True)):
+        flow_events = [e for e in raw_events if e.get("ph") in ("s", "f")]
+        if flow_events:
+            events = _correlate_by_flows(events, flow_events, base)
+    meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+    return Trace(str(p), events, base, meta)
+
+
+def _explain(p: Path, pos: list[int], complete: list[dict[str, Any]]) -> None:
+    """Raise the ``UserError`` for the first bad complete event."""
+    for i, e in zip(pos, complete, strict=True):
         ts, dur, name = e.get("ts"), e.get("dur", 0.0), e.get("name")
-        tts, tdur = type(ts), type(dur)
-        if not (tts is float or tts is int) or not math.isfinite(ts):  # type: ignore[arg-type]
+        if type(ts) not in (int, float) or not math.isfinite(ts):
             raise UserError(f"{p}: traceEvents[{i}] has ts={ts!r}; expected a number of microseconds")
-        if not (tdur is float or tdur is int) or not math.isfinite(dur):
+        if type(dur) not in (int, float) or not math.isfinite(dur):
             raise UserError(f"{p}: traceEvents[{i}] has dur={dur!r}; expected a number of microseconds")
         if dur < 0 or dur > MAX_DUR_US:
             raise UserError(f"{p}: traceEvents[{i}] ({name!r}) has dur={dur}; expected 0 to {MAX_DUR_US:.0f} us")
         if type(name) is not str:
             raise UserError(f"{p}: traceEvents[{i}] has name={name!r}; expected a string")
         args = e.get("args")
-        if args is None:
-            args = {}
-        elif type(args) is not dict:
+        if args is not None and type(args) is not dict:
             raise UserError(f"{p}: traceEvents[{i}] has args of type {type(args).__name__}; expected an object")
         cat = e.get("cat", "")
         if type(cat) is not str:
@@ -126,14 +178,6 @@ def read_trace(path: str | Path) -> Trace:
         pid, tid = e.get("pid", 0), e.get("tid", 0)
         if type(pid) not in _ID_TYPES or type(tid) not in _ID_TYPES:
             raise UserError(f"{p}: traceEvents[{i}] has pid={pid!r}, tid={tid!r}; expected numbers or strings")
-        if cat in need_corr and "correlation" not in args:
-            missing_corr = True
-        t = ts - base  # type: ignore[operator]
-        append(Event(i, cat, name, pid, tid, t, float(dur), args, t + dur))
-    if missing_corr and flow_events:
-        events = _correlate_by_flows(events, flow_events, base)
-    meta = {k: v for k, v in doc.items() if k != "traceEvents"}
-    return Trace(str(p), events, base, meta)
 
 
 def _correlate_by_flows(events: list[Event], flow_events: list[dict[str, Any]], base: float) -> list[Event]:

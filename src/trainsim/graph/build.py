@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from trainsim.capture.kineto import CPU_CATS, GPU_CATS, RUNTIME_CATS, Event, Trace, read_trace
+from trainsim.capture.kineto import CPU_CATS, GPU_CATS, RUNTIME_CATS, Event, Trace, paused_gc, read_trace
 from trainsim.graph.ir import (
     EdgeKind,
     GraphBuilder,
@@ -171,6 +171,11 @@ def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg
 
 def build_graph(tr: Trace) -> TaskGraph:
     """Build the task graph of a parsed trace."""
+    with paused_gc():
+        return _build_graph(tr)
+
+
+def _build_graph(tr: Trace) -> TaskGraph:
     threads: dict[tuple[Any, Any], list[Event]] = defaultdict(list)
     gpu: list[Event] = []
     step_events: list[Event] = []
