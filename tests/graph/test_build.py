@@ -130,11 +130,16 @@ def test_backward_thread_bursts_block_the_main_thread(tmp_path: Path) -> None:
 def test_cpu_collectives_are_comm_tasks_with_sizes(tmp_path: Path) -> None:
     t = TraceMaker()
     t.step(1, 0, 100)
-    t.cpu("gloo:all_reduce", 10, 50, cat="user_annotation", **{"Input Dims": [[1000]], "Input type": ["float"]})
+    t.cpu("gloo:all_reduce", 10, 50, cat="user_annotation", **{"Input Dims": [[1000]], "Input type": ["float"],
+                                                                 "Process Group Name": "0"})  # fmt: skip
+    t.cpu("record_param_comms", 70, 5, **{"In msg nelems": 256, "dtype": "BFloat16", "Process Group Name": "tp"})
+    t.launch(71, 2, 73, 20, kernel="ncclDevKernel_AllGather")
     g = load_trace(t.write(tmp_path / "t.json"))
-    comm = select(g, kind="comm")
-    assert comm.sum() == 1
-    assert g.size_bytes[comm][0] == 4000
+    comm = np.flatnonzero(select(g, kind="comm"))
+    assert comm.size == 2
+    gloo, nccl = sorted(comm, key=lambda i: g.ts_us[i])
+    assert g.size_bytes[gloo] == 4000 and g.symbols[g.group[gloo]] == "0"
+    assert g.size_bytes[nccl] == 512 and g.symbols[g.group[nccl]] == "tp"
 
 
 def test_no_step_annotations_warns_and_uses_whole_trace(tmp_path: Path) -> None:

@@ -68,14 +68,20 @@ def load_trace(path: str | Path) -> TaskGraph:
 class _Seg:
     """A piece of a CPU thread's timeline that becomes one task (a plain class: made ~10^5 times)."""
 
-    __slots__ = ("event", "kind", "layer", "name", "op", "size", "t0", "t1")
+    __slots__ = ("event", "group", "kind", "layer", "name", "op", "size", "t0", "t1")
 
     def __init__(
         self, t0: float, t1: float, kind: int, name: str, op: str | None, layer: str | None, event: Event | None,
-        size: int = -1,
+        coll: tuple[int, str | None] | None = None,
     ) -> None:  # fmt: skip
         self.t0, self.t1, self.kind, self.name, self.op, self.layer, self.event = t0, t1, kind, name, op, layer, event
-        self.size = size
+        self.size, self.group = coll if coll is not None else (-1, None)
+
+
+def _collective(e: Event) -> tuple[int, str | None]:
+    """Bytes and process group of a collective's annotation, (-1, None) where the trace lacks them."""
+    g = e.args.get("Process Group Name", e.args.get("pg_name"))
+    return _size_of(e), g if isinstance(g, str) else None
 
 
 def _size_of(e: Event) -> int:
@@ -117,9 +123,9 @@ def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg
     segs: list[_Seg] = []
     add = segs.append
     cpu, comm_kind, runtime = int(TaskKind.CPU), int(TaskKind.COMM), int(TaskKind.RUNTIME)
-    # stack entries: (end, name, layer, outermost op, bytes of the enclosing collective (-1 unknown, -2 none),
+    # stack entries: (end, name, layer, outermost op, (bytes, group) of the enclosing collective or None,
     # inside a collective that runs on the CPU)
-    stack: list[tuple[float, str, str | None, str | None, int, bool]] = []
+    stack: list[tuple[float, str, str | None, str | None, tuple[int, str | None] | None, bool]] = []
     cursor = evs[0].ts if evs else 0.0
     for e in evs:
         ts = e.ts
@@ -140,7 +146,7 @@ def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg
         if stack:
             _, _, layer, op, size, oncpu = stack[-1]
         else:
-            layer, op, size, oncpu = None, None, -2, False
+            layer, op, size, oncpu = None, None, None, False
         cat = e.cat
         if cat in RUNTIME_CATS:
             add(_Seg(ts, e.end, runtime, e.name, op, layer, e, size))
@@ -155,7 +161,7 @@ def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg
                 seq_layer.setdefault(seq, layer)
         stack.append((
             e.end, e.name, own_layer or layer, op if op is not None else (e.name if cat == "cpu_op" else None),
-            size if size > -2 else (_size_of(e) if _is_collective(e.name) else -2),
+            size if size is not None else (_collective(e) if _is_collective(e.name) else None),
             oncpu or _is_cpu_collective(e.name),
         ))  # fmt: skip
     while stack:
@@ -163,9 +169,6 @@ def _segment_thread(events: list[Event], seq_layer: dict[int, str]) -> list[_Seg
         if end > cursor:
             add(_Seg(cursor, end, comm_kind if oncpu else cpu, name, op, layer, None, size))
             cursor = end
-    for x in segs:
-        if x.size == -2:
-            x.size = -1
     return segs
 
 
@@ -240,7 +243,7 @@ def _build_graph(tr: Trace) -> TaskGraph:
         cols["ts_us"].extend(t0)
         cols["step"].extend(steps_at(np.asarray(t0, np.float64)))
         cols["size_bytes"].extend([x.size for x in plan])
-        cols["group"].extend([-1] * len(plan))
+        cols["group"].extend([sym(x.group) for x in plan])
         cols["priority"].extend([0.0] * len(plan))
         return base
 
@@ -285,8 +288,8 @@ def _build_graph(tr: Trace) -> TaskGraph:
     kind_of = {"gpu_memset": int(TaskKind.MEMSET), "gpu_memcpy": int(TaskKind.MEMCPY)}
     res_cache: dict[tuple[Any, Any], tuple[int, str]] = {}
     g_base = len(cols["kind"])
-    g_kind, g_name, g_op, g_layer, g_res, g_step, g_size = [], [], [], [], [], [], []
-    c_step, c_op, c_layer, c_size = cols["step"], cols["op"], cols["layer"], cols["size_bytes"]
+    g_kind, g_name, g_op, g_layer, g_res, g_step, g_size, g_group = [], [], [], [], [], [], [], []
+    c_step, c_op, c_layer, c_size, c_group = cols["step"], cols["op"], cols["layer"], cols["size_bytes"], cols["group"]
     launch_src, launch_dst = [], []
     for n, e in enumerate(gpu):
         args = e.args
@@ -311,8 +314,10 @@ def _build_graph(tr: Trace) -> TaskGraph:
             launch_dst.append(t)
             if kind == TaskKind.COMM:
                 size = c_size[launch]
+            g_group.append(c_group[launch] if kind == TaskKind.COMM else -1)
         else:
             g_step.append(steps_at(np.array([e.ts]))[0])
+            g_group.append(-1)
             g_op.append(-1)
             g_layer.append(-1)
         g_kind.append(kind)
@@ -332,7 +337,7 @@ def _build_graph(tr: Trace) -> TaskGraph:
     cols["ts_us"].extend([e.ts for e in gpu])
     cols["step"].extend(g_step)
     cols["size_bytes"].extend(g_size)
-    cols["group"].extend([-1] * len(gpu))
+    cols["group"].extend(g_group)
     cols["priority"].extend([0.0] * len(gpu))
     b.edges_bulk(launch_src, launch_dst, EdgeKind.LAUNCH)
     _add_syncs(b, runtime_tasks, gpu_by_corr, gpu_info)
