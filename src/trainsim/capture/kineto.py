@@ -16,9 +16,9 @@ import gc
 import gzip
 import math
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
