@@ -160,7 +160,9 @@ def _read_trace(p: Path) -> Trace:
 def _explain(p: Path, pos: list[int], complete: list[dict[str, Any]]) -> None:
     """Raise the ``UserError`` for the first bad complete event."""
     for i, e in zip(pos, complete, strict=True):
-        ts, dur, name = e.get("ts"), e.get("dur", 0.0), e.get("name")
+        ts: Any = e.get("ts")
+        dur: Any = e.get("dur", 0.0)
+        name = e.get("name")
         if type(ts) not in (int, float) or not math.isfinite(ts):
             raise UserError(f"{p}: traceEvents[{i}] has ts={ts!r}; expected a number of microseconds")
         if type(dur) not in (int, float) or not math.isfinite(dur):
