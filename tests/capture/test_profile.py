@@ -31,8 +31,10 @@ def test_profile_then_replay(tmp_path: Path) -> None:
     # layer attribution reaches forward ops and, through sequence numbers, backward ops
     assert select(g, layer="^layer:fc1$", name="addmm").any()
     assert select(g, layer="^layer:fc1$", name="Backward").any()
-    # the fused-optimizer what-if finds the optimizer's per-parameter ops and helps
-    assert simulate(whatifs.fused_optimizer(g)).mean_step_ms <= res.mean_step_ms
+    # the fused-optimizer what-if finds the optimizer's per-parameter ops and drops the Python loop's time
+    fused = whatifs.fused_optimizer(g)
+    assert fused.n_tasks < g.n_tasks
+    assert simulate(fused).mean_step_ms < res.mean_step_ms
 
 
 def test_profile_config_rejects_bad_values() -> None:

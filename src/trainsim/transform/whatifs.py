@@ -41,7 +41,8 @@ def fused_optimizer(g: TaskGraph) -> TaskGraph:
 
     GPU traces: the kernels launched inside ``Optimizer.step#...`` become one kernel (the first one,
     lengthened); the other kernels and their launch calls go. CPU traces: the operator tasks inside
-    the optimizer range become one task the same way (the Python loop's own time stays).
+    the optimizer range become one task the same way, and the range's own time (the Python loop over
+    parameters between the operators, which a fused or foreach optimizer does not run) goes.
     """
     in_opt = select(g, layer=OPTIMIZER_RANGE)
     gpu = in_opt & select(g, kind=("kernel", "memset", "memcpy"))
@@ -62,6 +63,8 @@ def fused_optimizer(g: TaskGraph) -> TaskGraph:
     # the launch calls of the removed kernels go too: a fused optimizer makes one launch
     dropped = np.zeros(g.n_tasks, np.bool_)
     dropped[drop] = True
+    if not gpu.any():
+        dropped |= in_opt & select(g, kind="cpu", name=OPTIMIZER_RANGE)
     launch = (g.edge_kind == EdgeKind.LAUNCH) & dropped[g.edge_dst]
     launches = np.zeros(g.n_tasks, np.bool_)
     launches[g.edge_src[launch]] = True
