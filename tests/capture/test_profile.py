@@ -42,6 +42,8 @@ def test_profile_config_rejects_bad_values() -> None:
         ProfileConfig(steps=0)
     with pytest.raises(UserError, match="json"):
         ProfileConfig(out="trace.txt")
+    with pytest.raises(UserError, match="optimizer"):
+        ProfileConfig(optimizer="lion")
 
 
 def test_unknown_model(tmp_path: Path) -> None:

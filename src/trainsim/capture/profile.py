@@ -38,7 +38,10 @@ class ProfileConfig:
     threads: int = 1
     """torch intra-op threads (1 makes CPU replay reproducible)"""
     lr: float = 0.01
-    """SGD learning rate"""
+    """learning rate"""
+    optimizer: str = "sgd"
+    """sgd or adam, each as a per-parameter loop (``-loop``), multi-tensor (``-foreach``) or fused
+    (``-fused``) kernel: e.g. ``adam-fused``; plain ``sgd``/``adam`` use torch's default"""
     out: str = "out/trace.json.gz"
     """trace path (.json or .json.gz); the sidecar goes beside it"""
     seed: int = 0
@@ -48,8 +51,26 @@ class ProfileConfig:
             raise UserError(f"profile: steps={self.steps}, warmup={self.warmup}; expected steps >= 1, warmup >= 0")
         if self.threads < 1:
             raise UserError(f"profile: threads={self.threads}; expected >= 1")
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"profile: optimizer {self.optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
         if not (self.out.endswith(".json") or self.out.endswith(".json.gz")):
             raise UserError(f"profile: --out {self.out!r}; expected a path ending in .json or .json.gz")
+
+
+OPTIMIZERS = ("sgd", "sgd-loop", "sgd-foreach", "sgd-fused", "adam", "adam-loop", "adam-foreach", "adam-fused")
+
+
+def make_optimizer(name: str, params: Any, lr: float) -> Any:
+    """``sgd``/``adam`` with torch's default implementation, or forced ``-loop``/``-foreach``/``-fused``."""
+    import torch
+
+    kind, _, impl = name.partition("-")
+    kw: dict[str, Any] = {"foreach": False} if impl == "loop" else {"foreach": True} if impl == "foreach" else {}
+    if impl == "fused":
+        kw = {"fused": True}
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
+    return torch.optim.Adam(params, lr=lr, **kw)
 
 
 def load_model(spec: str, batch_size: int, seed: int) -> tuple[Any, Callable[[int], tuple[Any, Any]]]:
@@ -115,7 +136,7 @@ def profile(cfg: ProfileConfig, progress: Callable[[int, int], None] | None = No
     torch.set_num_threads(cfg.threads)
     model, batch = load_model(cfg.model, cfg.batch_size, cfg.seed)
     layers = _annotate_layers(model)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
     loss_fn = torch.nn.CrossEntropyLoss()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     if torch.cuda.is_available():
@@ -149,6 +170,7 @@ def profile(cfg: ProfileConfig, progress: Callable[[int, int], None] | None = No
     raw.unlink(missing_ok=True)
     side = sidecar(model, layers, cfg.model, cfg.batch_size)
     side["steps"] = cfg.steps
+    side["optimizer"] = cfg.optimizer
     side["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     sidecar_path(out).write_text(json.dumps(side, indent=1))
     return out

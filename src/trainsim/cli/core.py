@@ -233,16 +233,20 @@ def bench_sim(tasks: int, seed: int, repeat: int, as_json: bool) -> None:
 @click.option("--warmup", type=int, default=2, show_default=True)
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True, help="torch intra-op threads.")
+@click.option("--optimizer", default="sgd", show_default=True,
+              help="sgd or adam, optionally -loop, -foreach or -fused (e.g. adam-fused).")  # fmt: skip
 @click.option("--out", default="out/trace.json.gz", show_default=True, help="Trace path (.json or .json.gz).")
 @click.option("--force", is_flag=True, help="Overwrite an existing trace.")
-def profile(model: str, steps: int, warmup: int, batch_size: int, threads: int, out: str, force: bool) -> None:
+def profile(model: str, steps: int, warmup: int, batch_size: int, threads: int, optimizer: str, out: str,
+            force: bool) -> None:  # fmt: skip
     """Profile a few training steps of a model on this machine and write a trace + sidecar."""
     from rich.progress import Progress
 
     from trainsim.capture.profile import ProfileConfig, sidecar_path
     from trainsim.capture.profile import profile as run_profile
 
-    cfg = ProfileConfig(model=model, steps=steps, warmup=warmup, batch_size=batch_size, threads=threads, out=out)
+    cfg = ProfileConfig(model=model, steps=steps, warmup=warmup, batch_size=batch_size, threads=threads,
+                        optimizer=optimizer, out=out)  # fmt: skip
     if Path(out).exists() and not force:
         raise UserError(f"--out {out!r} exists; pass --force to overwrite it or choose another path")
     with Progress(transient=True, console=_console_err()) as bar:
@@ -265,7 +269,8 @@ def demo(model: str, out_dir: str) -> None:
     trace = str(Path(out_dir) / f"{model}.json.gz")
     click.echo(f"1) profiling the built-in '{model}' model on this CPU -> {trace}")
     ctx = click.get_current_context()
-    ctx.invoke(profile, model=model, steps=6, warmup=2, batch_size=32, threads=1, out=trace, force=True)
+    ctx.invoke(profile, model=model, steps=6, warmup=2, batch_size=32, threads=1, optimizer="sgd", out=trace,
+               force=True)  # fmt: skip
     click.echo("\n2) replaying the trace: simulated vs measured step time")
     ctx.invoke(replay, trace=trace, as_json=False, timeline=str(Path(out_dir) / f"{model}.sim.json"))
     click.echo(f"   simulated timeline (open in https://ui.perfetto.dev): {Path(out_dir) / f'{model}.sim.json'}")
