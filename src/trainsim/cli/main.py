@@ -22,9 +22,15 @@ from trainsim.errors import UserError
 COMMANDS: dict[str, str] = {
     "bench-sim": "trainsim.cli.core:bench_sim",
     "calibrate": "trainsim.cli.cluster:calibrate",
+    "compress-bench": "trainsim.cli.compress:compress_bench",
     "demo": "trainsim.cli.core:demo",
+    "estimate": "trainsim.cli.plan:estimate",
+    "ooo": "trainsim.cli.ooo:ooo",
+    "plan": "trainsim.cli.plan:plan",
     "profile": "trainsim.cli.core:profile",
     "replay": "trainsim.cli.core:replay",
+    "scaleout": "trainsim.cli.cluster:scaleout",
+    "secopa": "trainsim.cli.compress:secopa",
     "validate": "trainsim.cli.validate:validate",
     "whatif": "trainsim.cli.core:whatif",
 }

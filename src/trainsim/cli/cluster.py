@@ -1,0 +1,129 @@
+"""Cluster commands: ``trainsim calibrate`` and ``trainsim scaleout``.
+
+    $ trainsim calibrate --rate 100 --delay 2 --max-bytes 16MB --out net.json
+    $ trainsim scaleout out/mlp.json.gz --cluster my.toml --ranks 8 --mode p3 --json
+
+``calibrate`` measures gloo all-reduce times between processes (each in its own network namespace,
+links shaped with tc, or on loopback) and fits the alpha-beta constants. ``scaleout`` predicts the
+data-parallel step time of a single-process trace on a cluster (from a TOML/YAML file, or a
+calibration file's measured link). No torch import at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+
+from trainsim.errors import UserError
+
+
+def _parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)i?B?\s*", text, re.I)
+    if not m:
+        raise UserError(f"size {text!r}; expected a number of bytes like 4096, 64KB or 256MB")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()])
+
+
+@click.command("calibrate")
+@click.option("--world", type=int, default=2, show_default=True, help="processes")
+@click.option("--rate", type=float, default=None, help="shape links to this many Mbit/s (default: unshaped)")
+@click.option("--delay", type=float, default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--min-bytes", default="1KB", show_default=True, help="smallest all-reduce")
+@click.option("--max-bytes", default="16MB", show_default=True, help="largest all-reduce")
+@click.option("--reps", type=int, default=5, show_default=True, help="repetitions per size (median kept)")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the calibration JSON here")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def calibrate(
+    world: int, rate: float | None, delay: float, min_bytes: str, max_bytes: str, reps: int, out: str | None,
+    as_json: bool,
+) -> None:
+    """Measure gloo all-reduce latency/bandwidth with torch.distributed and fit the model's constants."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainsim.cluster.calibrate import calibrate as run
+
+    if rate is not None and not rate > 0:
+        raise UserError(f"--rate {rate}; expected a bandwidth > 0 Mbit/s")
+    if not delay >= 0:
+        raise UserError(f"--delay {delay}; expected a latency >= 0 ms")
+    lo, hi = _parse_bytes(min_bytes), _parse_bytes(max_bytes)
+    if not 0 < lo <= hi:
+        raise UserError(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}; expected 0 < min <= max")
+    with Console(stderr=True).status("measuring all-reduce times ..."):
+        cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps)
+    data = cal.to_json()
+    if out:
+        Path(out).write_text(json.dumps(data, indent=1))
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    for note in cal.notes:
+        click.echo(f"note: {note}", err=True)
+    t = Table(title=f"gloo all-reduce, {world} processes ({cal.where})")
+    for col in ("bytes", "measured us", "model us", "error"):
+        t.add_column(col, justify="right")
+    for s, m in zip(cal.sizes_bytes, cal.measured_us, strict=True):
+        p = cal.predict_us(s)
+        t.add_row(f"{s:,}", f"{m:,.0f}", f"{p:,.0f}", f"{100 * (p - m) / m:+.1f}%")
+    Console().print(t)
+    click.echo(
+        f"fit: t = {cal.a_us:.1f} us + {cal.b_us_per_byte * 1e3:.4f} us/KB * size; ring model: alpha "
+        f"{cal.link.latency_us:.1f} us, bandwidth {cal.link.bw_gbps * 8e3:.1f} Mbit/s"
+    )
+
+
+@click.command("scaleout")
+@click.argument("trace", type=click.Path())
+@click.option("--cluster", "cluster_file", type=click.Path(), default=None, help="cluster TOML/YAML file")
+@click.option("--calibration", type=click.Path(), default=None, help="use a `trainsim calibrate --out` file's link")
+@click.option("--ranks", type=int, default=None, help="data-parallel ranks (default: the whole cluster)")
+@click.option("--mode", type=click.Choice(["ddp", "p3", "bytescheduler"]), default="ddp", show_default=True)
+@click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP bucket cap, MiB")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def scaleout(
+    trace: str, cluster_file: str | None, calibration: str | None, ranks: int | None, mode: str, bucket_mb: float,
+    as_json: bool,
+) -> None:
+    """Predict the data-parallel step time of a single-process trace on a cluster."""
+    from trainsim.capture.profile import sidecar_path
+    from trainsim.cluster.calibrate import Calibration
+    from trainsim.cluster.spec import cluster, load_cluster
+    from trainsim.graph.build import load_trace
+    from trainsim.simulate.engine import simulate
+    from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms, read_params
+    from trainsim.transform.network import model_us
+
+    spec = load_cluster(cluster_file) if cluster_file else None
+    if calibration:
+        p = Path(calibration)
+        if not p.is_file():
+            raise UserError(f"{p}: no such calibration file")
+        try:
+            cal = Calibration.from_json(json.loads(p.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"{p}: not a `trainsim calibrate --out` file ({exc})") from None
+        spec = cluster(nodes=cal.world, devices_per_node=1, inter=cal.link, source=str(p))
+    if spec is None:
+        raise UserError("scaleout: give --cluster FILE or --calibration FILE")
+    n = spec.world_size if ranks is None else ranks
+    if n < 1:
+        raise UserError(f"--ranks {n}; expected >= 1")
+    spec.check_ranks(n)
+    if not Path(trace).exists():
+        raise UserError(f"{trace}: no such trace")
+    params, layers = read_params(sidecar_path(trace))
+    g = load_trace(trace)
+    cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb)
+    dp = data_parallel(g, params, layers, cfg, comm_us=lambda b: model_us("allreduce", b, spec, n))
+    single = float(simulate(g).mean_step_ms)
+    step = dp_step_ms(simulate(dp).step_ms, mode)
+    out = {"trace": trace, "cluster": spec.describe(), "ranks": n, "mode": mode, "single_ms": round(single, 3),
+           "predicted_ms": round(step, 3), "gradient_bytes": sum(q.size_bytes for q in params)}  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{trace}: one process {single:.1f} ms/step; {n} ranks on {spec.describe()} ({mode}): {step:.1f} ms/step")

@@ -1,0 +1,274 @@
+"""``trainsim estimate`` and ``trainsim plan``: predict one parallelisation, or search for the best.
+
+    $ trainsim estimate --model gpt3-175b --gpu a100-80gb --gpus 1024 --tp 8 --pp 8 --global-batch 1536 \
+        --schedule interleaved --virtual-stages 3 --recompute full --json
+    $ trainsim estimate --arch llama --layers 32 --hidden 4096 --heads 32 --ffn-hidden 11008 --seq 4096 \
+        --vocab 32000 --global-batch 512 --gpu h100 --gpus 64 --tp 2 --pp 1
+    $ trainsim plan --model gpt3-175b --gpu a100-80gb --gpus 1024 --global-batch 1536
+    $ trainsim plan --model gpt3-1.3b --gpu-group a100-80gb:8 --gpu-group v100-32gb:16 --global-batch 64 --method dp
+
+Without ``--micro-batch`` the estimate tries 1, 2, 4, ... and keeps the fastest that fits (and, for the
+interleaved schedule without ``--virtual-stages``, the fastest number of virtual stages).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+
+JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+
+def _model_options(f: Any) -> Any:
+    opts = [
+        click.option("--model", "preset", default=None, help="A preset (gpt3-175b, llama2-7b, llama2-70b, bert-large, resnet50, vgg19, ...)."),
+        click.option("--arch", type=click.Choice(["gpt", "llama", "bert"]), default="gpt", show_default=True),
+        click.option("--layers", type=int),
+        click.option("--hidden", type=int),
+        click.option("--heads", type=int),
+        click.option("--kv-heads", type=int, default=0, help="Grouped-query attention (default: = heads)."),
+        click.option("--ffn-hidden", type=int, default=0, help="MLP width (default 4h; Llama 8h/3 rounded)."),
+        click.option("--seq", type=int),
+        click.option("--vocab", type=int),
+        click.option("--flash-attention", is_flag=True, help="Attention core as one fused kernel."),
+        click.option("--global-batch", type=int, required=True, help="Sequences (or images) per step."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _cluster_options(f: Any) -> Any:
+    opts = [
+        click.option("--gpu", default=None, help="GPU kind (a100-80gb, a100-40gb, h100, h200, v100-32gb, rtx2080ti ...)."),
+        click.option("--gpus", type=int, default=None, help="Number of GPUs."),
+        click.option("--gpus-per-node", type=int, default=8, show_default=True),
+        click.option("--cluster", "cluster_file", default=None, help="YAML/TOML file: groups: [{gpu, count, gpus_per_node}]."),
+        click.option("--gpu-group", "gpu_groups", multiple=True, help="NAME:COUNT, repeatable (heterogeneous cluster)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def build_model(kw: dict[str, Any]) -> Any:
+    from trainsim.plan.workload import Transformer, preset
+
+    if kw.get("preset"):
+        m = preset(kw["preset"])
+        if kw.get("flash_attention") and isinstance(m, Transformer):
+            from dataclasses import replace
+
+            m = replace(m, flash_attention=True)
+        return m
+    missing = [f"--{k}" for k in ("layers", "hidden", "heads", "seq", "vocab") if not kw.get(k)]
+    if missing:
+        raise UserError(f"missing {', '.join(missing)}; give them or --model PRESET")
+    return Transformer(
+        arch=kw["arch"], layers=kw["layers"], hidden=kw["hidden"], heads=kw["heads"], kv_heads=kw["kv_heads"] or 0,
+        ffn_hidden=kw["ffn_hidden"] or 0, seq=kw["seq"], vocab=kw["vocab"], flash_attention=kw["flash_attention"],
+        name=f"{kw['arch']}-custom",
+    )
+
+
+def build_cluster(kw: dict[str, Any]) -> Any:
+    from trainsim.plan.devices import homogeneous, load_cluster, parse_groups
+
+    if kw.get("cluster_file"):
+        return load_cluster(kw["cluster_file"])
+    if kw.get("gpu_groups"):
+        return parse_groups(list(kw["gpu_groups"]), kw["gpus_per_node"])
+    if not kw.get("gpu") or not kw.get("gpus"):
+        raise UserError("no cluster: give --gpu NAME --gpus N, --gpu-group NAME:COUNT, or --cluster FILE")
+    if kw["gpus"] < 1:
+        raise UserError(f"--gpus {kw['gpus']}; expected a positive integer")
+    return homogeneous(kw["gpu"], kw["gpus"], kw["gpus_per_node"])
+
+
+@click.command("estimate")
+@_model_options
+@_cluster_options
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--pp", type=int, default=1, show_default=True)
+@click.option("--cp", type=int, default=1, show_default=True)
+@click.option("--micro-batch", type=int, default=None, help="Default: the fastest that fits.")
+@click.option("--virtual-stages", type=int, default=None, help="Interleaved schedule chunks per rank.")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "zb"]), default="1f1b", show_default=True)
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
+@click.option("--sequence-parallel", is_flag=True)
+@click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True)
+@click.option("--placement", type=click.Choice(["tp-cp-dp-pp", "tp-cp-pp-dp"]), default="tp-cp-dp-pp", show_default=True)
+@JSON_OPT
+def estimate_cmd(as_json: bool, **kw: Any) -> None:
+    """Predict step time, throughput and memory of one configuration."""
+    from trainsim.plan.estimate import Stages, Strategy, best_micro_batch, estimate, resolve_world
+    from trainsim.plan.workload import Recompute, Transformer
+
+    model = build_model(kw)
+    cluster = build_cluster(kw)
+    n = cluster.n_gpus
+    dp = resolve_world(n, kw["tp"], kw["pp"], kw["cp"])
+    sched = kw["schedule"]
+    v = kw["virtual_stages"]
+    if v is not None and v > 1 and sched != "interleaved":
+        raise UserError(f"--virtual-stages {v} needs --schedule interleaved")
+    base = Strategy(
+        dp=dp, tp=kw["tp"], pp=kw["pp"], cp=kw["cp"], micro_batch=kw["micro_batch"] or 1, schedule=sched,
+        virtual_stages=v or 1, recompute=Recompute[kw["recompute"].upper()],
+        sequence_parallel=kw["sequence_parallel"], zero=kw["zero"], placement=kw["placement"],
+    )
+    gb = kw["global_batch"]
+    stages = None
+    if len(cluster.groups) > 1:
+        stages = _fill_stages(model, base, cluster)
+    if kw["micro_batch"] is None or (sched == "interleaved" and v is None):
+        blocks = model.layers if isinstance(model, Transformer) else model.n_units
+        vs = [x for x in range(1, 9) if blocks % (base.pp * x) == 0] if sched == "interleaved" and v is None else None
+        mbs = (kw["micro_batch"],) if kw["micro_batch"] else (1, 2, 4, 8, 16, 32)
+        if stages is None:
+            e = best_micro_batch(model, base, cluster, global_batch=gb, candidates=mbs, virtual=vs)
+        else:
+            e = _best_hetero(model, base, cluster, gb, mbs, vs, stages)
+    else:
+        e = estimate(model, base, cluster, global_batch=gb, stages=stages)
+    _ = Stages
+    out = e.to_json()
+    out["model"] = getattr(model, "name", "") or "custom"
+    out["params"] = model.total_params()
+    out["cluster"] = cluster.describe()
+    if as_json:
+        click.echo(json.dumps(out, separators=(",", ":")))
+        return
+    _print_estimates([e], title=f"{out['model']} on {cluster.describe()}, global batch {gb}")
+    if not e.fits:
+        click.echo(f"does not fit: {e.overflow}")
+
+
+def _fill_stages(model: Any, s: Any, cluster: Any) -> Any:
+    """Uniform stages placed on the groups in order (the first group first)."""
+    from trainsim.plan.estimate import Stages, uniform_stages
+
+    st = uniform_stages(model, s.pp)
+    per = s.dp * s.tp * s.cp
+    groups, left = [], [g.count for g in cluster.groups]
+    for _ in range(s.pp):
+        k = next((k for k, c in enumerate(left) if c >= per), None)
+        if k is None:
+            raise UserError(f"pp={s.pp} stages of dp*tp*cp = {per} GPUs do not fit in {cluster.describe()}")
+        left[k] -= per
+        groups.append(k)
+    return Stages(st.bounds, tuple(groups))
+
+
+def _best_hetero(model: Any, base: Any, cluster: Any, gb: int, mbs: Any, vs: Any, stages: Any) -> Any:
+    from dataclasses import replace
+
+    from trainsim.plan.estimate import estimate
+
+    best = None
+    for mb in mbs:
+        if (gb // base.dp) % mb or gb % base.dp:
+            continue
+        for v in vs or (base.virtual_stages,):
+            try:
+                e = estimate(model, replace(base, micro_batch=mb, virtual_stages=v), cluster, global_batch=gb, stages=stages)
+            except UserError:
+                continue
+            if best is None or (e.fits, -e.step_s) > (best.fits, -best.step_s):
+                best = e
+    if best is None:
+        return estimate(model, base, cluster, global_batch=gb, stages=stages)
+    return best
+
+
+def _print_estimates(es: list[Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("#", "plan", "step s", "model TF/GPU", "hw TF/GPU", "MFU", "mem GiB", "fits", "bottleneck"):
+        t.add_column(c, justify="right" if c not in ("plan", "bottleneck", "fits") else "left")
+    for i, e in enumerate(es):
+        stages = ""
+        if len(set(e.stages.groups)) > 1 or (len(e.stages.groups) and max(e.stages.groups) > 0):
+            stages = f" stages={list(e.stages.bounds)} groups={list(e.stages.groups)}"
+        t.add_row(
+            str(i + 1), e.strategy.text() + stages, f"{e.step_s:.3f}", f"{e.model_tflops_per_gpu:.1f}",
+            f"{e.hardware_tflops_per_gpu:.1f}", f"{100 * e.mfu:.1f}%", f"{e.memory_gib_per_gpu:.1f}",
+            "yes" if e.fits else "NO", e.bottleneck,
+        )
+    Console(highlight=False, width=200).print(t)
+
+
+@click.command("plan")
+@_model_options
+@_cluster_options
+@click.option("--method", type=click.Choice(["exhaustive", "dp", "diff"]), default=None,
+              help="Default: exhaustive on one GPU kind, dp on several.")
+@click.option("--top", "top_k", type=int, default=5, show_default=True)
+@click.option("--simulate/--no-simulate", "do_sim", default=True, show_default=True,
+              help="Re-check the top plans by simulating their task graph.")
+@JSON_OPT
+def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, **kw: Any) -> None:
+    """Search for the fastest parallelisation that fits, and rank the top plans."""
+    from rich.progress import Progress
+
+    from trainsim.plan.search import plan
+
+    model = build_model(kw)
+    cluster = build_cluster(kw)
+    if top_k < 1:
+        raise UserError(f"--top {top_k}; expected >= 1")
+    method = method or ("exhaustive" if len(cluster.groups) == 1 else "dp")
+    if as_json:
+        res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k)
+    else:
+        with Progress(transient=True) as prog:
+            task = prog.add_task(f"searching ({method})", total=1)
+
+            def cb(i: int, n: int) -> None:
+                prog.update(task, completed=i, total=max(n, 1))
+
+            res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k, progress=cb)
+    sims: list[float | None] = [None] * len(res.plans)
+    if do_sim:
+        sims = _simulate_all(model, cluster, res.plans, kw["global_batch"])
+    if as_json:
+        plans = []
+        for e, sim in zip(res.plans, sims, strict=True):
+            d = e.to_json()
+            d["simulated_step_s"] = sim
+            plans.append(d)
+        out = {
+            "model": getattr(model, "name", "") or "custom", "params": model.total_params(),
+            "cluster": cluster.describe(), "method": res.method, "search_s": res.seconds,
+            "evaluated": res.evaluated, "pruned": res.pruned, "plans": plans,
+        }
+        click.echo(json.dumps(out, separators=(",", ":")))
+        return
+    _print_estimates(res.plans, title=f"{getattr(model, 'name', '') or 'model'} on {cluster.describe()} ({method}, {res.seconds:.2f} s, {res.evaluated} evaluated)")
+    for i, sim in enumerate(sims):
+        if sim is not None:
+            click.echo(f"plan {i + 1}: simulated step {sim:.3f} s (analytic {res.plans[i].step_s:.3f} s)")
+
+
+def _simulate_all(model: Any, cluster: Any, plans: list[Any], gb: int) -> list[float | None]:
+    try:
+        from trainsim.plan.simcheck import simulate_plan
+    except ImportError:
+        return [None] * len(plans)
+    out: list[float | None] = []
+    for e in plans:
+        try:
+            out.append(simulate_plan(model, cluster, e, global_batch=gb).step_s)
+        except UserError:
+            out.append(None)
+    return out
+
+
+estimate = estimate_cmd
+plan = plan_cmd

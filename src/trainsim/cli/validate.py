@@ -1,0 +1,42 @@
+"""``trainsim validate``: run the real thing on this machine and measure how wrong the predictions are.
+
+    $ trainsim validate --help
+    $ trainsim validate dp --quick --json
+
+Each subcommand lives in its own module and is imported only when used (no ``import torch`` here).
+To add one, write a click command and add ONE line to ``VALIDATE_COMMANDS`` (keep it sorted).
+Network-namespace helpers for the harnesses: ``trainsim.validate.netns``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> "module:attribute" of a click.Command. Keep sorted; one line per subcommand.
+VALIDATE_COMMANDS: dict[str, str] = {
+    "compress": "trainsim.validate.compress:compress_command",
+    "dp": "trainsim.validate.dp:dp_command",
+    "ooo-dp": "trainsim.validate.ooo:ooo_dp_command",
+    "pipeline": "trainsim.validate.pipeline:pipeline_command",
+}
+
+
+class _LazyValidateGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(VALIDATE_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = VALIDATE_COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        assert isinstance(cmd, click.Command), target
+        return cmd
+
+
+@click.group(cls=_LazyValidateGroup, name="validate")
+def validate() -> None:
+    """Run real training on emulated networks and compare it with trainsim's predictions."""

@@ -1,0 +1,477 @@
+"""Analytical workloads: layer-by-layer FLOPs, bytes, parameters and activations per micro-batch.
+
+    >>> from trainsim.plan.workload import preset
+    >>> gpt3 = preset("gpt3-175b")
+    >>> round(gpt3.total_params() / 1e9, 1)
+    174.6
+    >>> costs = gpt3.layer_costs(mb=1, tp=8, sp=True, cp=1)   # one entry per pipeline-cuttable layer
+    >>> costs[1].name, costs[1].params                        # a transformer block on one of 8 TP ranks
+    ('block', 226512384)
+
+Two families. ``Transformer`` covers decoders (GPT: learned positions, GELU MLP, biases, dropout;
+Llama: RoPE, RMSNorm, grouped-query attention, SwiGLU gated MLP, no biases, no dropout) and encoders
+(BERT). ``Cnn`` covers ResNet-50 and VGG-19 (data and pipeline parallelism only).
+
+Every cost is for **one GPU and one micro-batch** of ``mb`` samples after tensor parallelism ``tp``
+(Megatron: column/row-parallel linears, heads split, vocabulary-parallel embedding and logits),
+sequence parallelism ``sp`` (norms, dropouts and residuals split along the sequence) and context
+parallelism ``cp`` (the sequence split ``cp`` ways; attention sees all keys). Activation bytes follow
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (MLSys'23), §4,
+built from the tensors each operator saves (16-bit activations, 1-byte dropout masks), so that GQA,
+gated MLPs, missing dropout and context parallelism follow from the same terms. For GPT with
+``kv_heads == heads`` and ``ffn = 4h`` they reduce to the paper's ``sbh(10 + 24/t + 5as/(ht))``
+(no SP) and ``sbh/t(34 + 5as/h)`` (SP).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from trainsim.errors import UserError
+
+ACT_BYTES = 2  # 16-bit activations (mixed precision)
+
+
+class OpKind(enum.IntEnum):
+    """How an operator's time is modelled (see ``optime``)."""
+
+    GEMM = 0  # dense matmul / convolution as implicit GEMM: compute-bound roofline with efficiency
+    ATTN = 1  # batched matmuls inside attention (QK^T, AV) or a fused flash-attention kernel
+    MEM = 2  # elementwise / normalisation / softmax / embedding gather: memory-bound
+
+
+class Op(NamedTuple):
+    """One forward operator on one GPU for one micro-batch."""
+
+    name: str
+    kind: OpKind
+    flops: float  # forward FLOPs (2 per multiply-add)
+    bytes: float  # forward bytes read + written
+    m: int = 0  # GEMM shape (m x k) @ (k x n), repeated ``batch`` times; 0 for MEM ops
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    bwd: float = 2.0  # backward cost / forward cost
+    core: bool = False  # part of the attention core (recomputed under selective recomputation)
+
+
+class Recompute(enum.IntEnum):
+    NONE = 0
+    SELECTIVE = 1  # recompute the attention core only (Korthikanti §5)
+    FULL = 2  # keep each layer's input, recompute the whole layer in backward
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """One pipeline-cuttable layer on one GPU for one micro-batch."""
+
+    name: str
+    ops: tuple[Op, ...]
+    params: int  # parameters held on this GPU (after TP; a tied head counts its embedding copy)
+    act_bytes: tuple[float, float, float]  # saved for backward under Recompute NONE, SELECTIVE, FULL
+    transient_bytes: float  # extra live bytes while this layer runs backward (recomputed activations)
+    out_bytes: float  # activation sent to the next pipeline stage (per GPU)
+    tp_allreduce_bytes: float  # bytes of each TP all-reduce (or RS+AG pair under SP) in forward
+    tp_collectives: int  # TP all-reduces in one forward (the same count again in backward)
+    cp_kv_bytes: float  # K/V bytes each GPU receives from the other cp-1 ranks per forward
+    model_flops: float  # forward matmul FLOPs of the whole layer (unsharded), for MFU
+    core_flops: float  # forward matmul FLOPs of the attention core (unsharded)
+    tied_params: int = 0  # of ``params``, the copy of the embedding a tied head holds (not needed on stage 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Transformer:
+    """A transformer by its usual hyper-parameters; ``preset`` has the published ones."""
+
+    arch: str = "gpt"
+    """gpt (decoder, learned positions, GELU, biases, dropout) | llama (RoPE, RMSNorm, GQA, SwiGLU) | bert"""
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    kv_heads: int = 0
+    """0 means = heads (multi-head attention)"""
+    ffn_hidden: int = 0
+    """0 means 4*hidden (gpt, bert) or Llama's 2/3*4h rounded up to 256"""
+    flash_attention: bool = False
+    """attention core as one fused kernel (no s x s tensors kept)"""
+    tied_embeddings: bool | None = None
+    """None: tied for gpt/bert, untied for llama"""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("gpt", "llama", "bert"):
+            raise UserError(f"--arch {self.arch!r}; expected gpt, llama or bert")
+        for f in ("layers", "hidden", "heads", "seq", "vocab"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise UserError(f"model: {f}={v!r}; expected a positive integer")
+        if self.hidden % self.heads:
+            raise UserError(f"model: hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.kv_heads < 0 or self.heads % self.kvh:
+            raise UserError(f"model: heads {self.heads} is not divisible by kv_heads {self.kvh}")
+
+    # ---------------------------------------------------------------- derived sizes
+    @property
+    def kvh(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.arch == "llama":  # Llama: int(2/3 * 4h) rounded up to a multiple of 256
+            f = int(2 * 4 * self.hidden / 3)
+            return 256 * ((f + 255) // 256)
+        return 4 * self.hidden
+
+    @property
+    def gated(self) -> bool:
+        return self.arch == "llama"
+
+    @property
+    def dropout(self) -> bool:
+        return self.arch != "llama"
+
+    @property
+    def biases(self) -> bool:
+        return self.arch != "llama"
+
+    @property
+    def tied(self) -> bool:
+        return self.arch != "llama" if self.tied_embeddings is None else self.tied_embeddings
+
+    @property
+    def n_units(self) -> int:
+        """Pipeline-cuttable layers: embedding, ``layers`` blocks, head."""
+        return self.layers + 2
+
+    def check_tp(self, tp: int) -> None:
+        if self.heads % tp:
+            raise UserError(f"tp={tp} does not divide heads={self.heads}; tensor parallelism splits heads")
+        if self.kvh % tp and tp % self.kvh:
+            raise UserError(f"tp={tp} and kv_heads={self.kvh}: one must divide the other")
+        if self.ffn % tp or (self.vocab % tp and self.vocab < tp):
+            raise UserError(f"tp={tp} does not divide ffn_hidden={self.ffn}")
+
+    # ---------------------------------------------------------------- parameters
+    def block_params(self) -> int:
+        h, kvd = self.hidden, self.kvh * self.head_dim
+        attn = h * (h + 2 * kvd) + h * h
+        mlp = (3 if self.gated else 2) * h * self.ffn
+        if self.biases:
+            attn += h + 2 * kvd + h
+            mlp += self.ffn * (2 if self.gated else 1) + h
+        norms = 2 * h * (2 if self.arch != "llama" else 1)  # LayerNorm has a bias, RMSNorm not
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        p = self.vocab * self.hidden
+        if self.arch in ("gpt", "bert"):
+            p += self.seq * self.hidden  # learned positions (BERT: 512)
+        if self.arch == "bert":
+            p += 2 * self.hidden + 2 * self.hidden  # token types + embedding LayerNorm
+        return p
+
+    def head_params(self, count_tied: bool = False) -> int:
+        h = self.hidden
+        p = h * (2 if self.arch != "llama" else 1)  # final norm
+        if self.arch == "bert":
+            p = (h * h + h) + (h * h + h + 2 * h) + self.vocab  # pooler + MLM transform + decoder bias
+        if not self.tied or count_tied:
+            p += self.vocab * h
+        return p
+
+    def total_params(self) -> int:
+        return self.embedding_params() + self.layers * self.block_params() + self.head_params()
+
+    # ---------------------------------------------------------------- FLOPs
+    def block_flops(self, samples: int = 1) -> float:
+        """Forward matmul FLOPs of one block (whole, unsharded) for ``samples`` sequences."""
+        t, h, _s = samples * self.seq, self.hidden, self.seq
+        kvd = self.kvh * self.head_dim
+        lin = 2 * t * (h * (h + 2 * kvd) + h * h + (3 if self.gated else 2) * h * self.ffn)
+        return lin + self.core_flops(samples)
+
+    def core_flops(self, samples: int = 1) -> float:
+        return 4.0 * samples * self.seq * self.seq * self.hidden  # QK^T and AV, full s x s (Megatron)
+
+    def head_flops(self, samples: int = 1) -> float:
+        return 2.0 * samples * self.seq * self.hidden * self.vocab
+
+    def model_flops_per_sample(self) -> float:
+        """Forward + backward matmul FLOPs per sequence, no recomputation (3 x forward)."""
+        return 3.0 * (self.layers * self.block_flops() + self.head_flops())
+
+    # ---------------------------------------------------------------- per-GPU costs
+    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int) -> tuple[LayerCost, ...]:
+        return _transformer_costs(self, mb, tp, sp, cp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _transformer_costs(m: Transformer, mb: int, tp: int, sp: bool, cp: int) -> tuple[LayerCost, ...]:
+    m.check_tp(tp)
+    if m.seq % cp:
+        raise UserError(f"cp={cp} does not divide the sequence length {m.seq}")
+    b, s, h, a, f = mb, m.seq, m.hidden, m.heads, m.ffn
+    sl = s // cp
+    tok = b * sl  # tokens on this GPU
+    hd = m.head_dim
+    at = a // tp  # heads on this GPU
+    kvt = max(1, m.kvh // tp)
+    qkv_n = (a + 2 * m.kvh) * hd // tp
+    fn = f // tp
+    spd = tp if sp else 1  # divisor of sequence-parallel regions
+    B = ACT_BYTES
+    drop = 1 if m.dropout else 0
+    ops: list[Op] = [
+        Op("norm1", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
+        Op("qkv", OpKind.GEMM, 2.0 * tok * h * qkv_n, B * (tok * h + h * qkv_n + tok * qkv_n), tok, qkv_n, h),
+    ]
+    if m.flash_attention:
+        fl = 4.0 * b * at * sl * s * hd
+        ops.append(
+            Op("flash_attn", OpKind.ATTN, fl, B * b * (at * sl * hd * 2 + kvt * s * hd * 2), sl, s, hd, b * at, 2.5, True)
+        )
+    else:
+        sc = b * at * sl * s  # score elements
+        ops += [
+            Op("scores", OpKind.ATTN, 2.0 * sc * hd, B * (b * at * sl * hd + b * kvt * s * hd + sc), sl, s, hd, b * at, 2.0, True),
+            Op("softmax", OpKind.MEM, 0.0, 2 * B * sc, bwd=1.5, core=True),
+            Op("attn_dropout", OpKind.MEM, 0.0, (2 * B + 1) * sc * drop, bwd=1.0, core=True),
+            Op("attn_v", OpKind.ATTN, 2.0 * sc * hd, B * (sc + b * kvt * s * hd + b * at * sl * hd), sl, hd, s, b * at, 2.0, True),
+        ]
+    ops += [
+        Op("proj", OpKind.GEMM, 2.0 * tok * (h // tp) * h, B * (tok * h / tp + h * h / tp + tok * h), tok, h, h // tp),
+        Op("residual1", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0),
+        Op("norm2", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
+        Op("fc1", OpKind.GEMM, 2.0 * tok * h * fn * (2 if m.gated else 1), B * (tok * h + (h + tok) * fn * (2 if m.gated else 1)), tok, fn * (2 if m.gated else 1), h),
+        Op("act", OpKind.MEM, 0.0, B * tok * fn * (3 if m.gated else 2), bwd=1.5),
+        Op("fc2", OpKind.GEMM, 2.0 * tok * fn * h, B * (tok * fn + fn * h + tok * h), tok, h, fn),
+        Op("residual2", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0),
+    ]
+    # saved activations (bytes), Korthikanti §4 term by term
+    seq_region = (4 * B + 2 * drop) * tok * h / spd  # norm in, qkv in, mask, norm2 in, fc1 in, mask
+    tp_region = B * tok * qkv_n + B * tok * h / tp + B * tok * fn * (2 if m.gated else 1) + B * tok * fn
+    if m.flash_attention:
+        core = 4.0 * b * at * sl  # fp32 log-sum-exp per query row
+    else:
+        core = b * at * sl * s * (B + drop + (B if m.dropout else 0))  # softmax out, mask, dropout out
+    full_layer = seq_region + tp_region + core
+    block_in = B * tok * h / spd
+    block = LayerCost(
+        name="block",
+        ops=tuple(ops),
+        params=m.block_params() // tp if tp > 1 else m.block_params(),
+        act_bytes=(full_layer, seq_region + tp_region + (core if m.flash_attention else 0.0), block_in),
+        transient_bytes=full_layer,
+        out_bytes=B * tok * h / spd,
+        tp_allreduce_bytes=B * tok * h if tp > 1 else 0.0,
+        tp_collectives=2 if tp > 1 else 0,
+        cp_kv_bytes=B * b * 2 * kvt * s * hd * (cp - 1) / cp if cp > 1 else 0.0,
+        model_flops=m.block_flops(b) / cp,
+        core_flops=m.core_flops(b) / cp,
+    )
+    emb = LayerCost(
+        name="embedding",
+        ops=(Op("embed", OpKind.MEM, 0.0, 3 * B * tok * h, bwd=1.0),),
+        params=m.embedding_params() - m.vocab * h + m.vocab * h // tp,
+        act_bytes=(drop * tok * h / spd,) * 3,
+        transient_bytes=0.0,
+        out_bytes=B * tok * h / spd,
+        tp_allreduce_bytes=B * tok * h if tp > 1 else 0.0,
+        tp_collectives=1 if tp > 1 else 0,
+        cp_kv_bytes=0.0,
+        model_flops=0.0,
+        core_flops=0.0,
+    )
+    vt = m.vocab // tp
+    head_ops = (
+        Op("final_norm", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
+        Op("logits", OpKind.GEMM, 2.0 * tok * h * vt, B * (tok * h + h * vt + tok * vt), tok, vt, h),
+        Op("cross_entropy", OpKind.MEM, 0.0, 4 * 3 * tok * vt, bwd=1.0),  # fp32 logits: read, exp, write
+    )
+    head_act = B * tok * h / spd + B * tok * h + 4 * tok * vt  # final-norm input, logits input, fp32 log-softmax
+    head = LayerCost(
+        name="head",
+        ops=head_ops,
+        params=m.head_params(count_tied=True) - m.vocab * h + m.vocab * h // tp,
+        act_bytes=(head_act, head_act, head_act),
+        transient_bytes=4 * tok * vt,  # gradient of the fp32 logits
+        out_bytes=0.0,
+        tp_allreduce_bytes=0.0,
+        tp_collectives=0,
+        cp_kv_bytes=0.0,
+        model_flops=m.head_flops(b) / cp,
+        core_flops=0.0,
+        tied_params=m.vocab * h // tp if m.tied else 0,
+    )
+    return (emb, *([block] * m.layers), head)
+
+
+# =============================================================================== CNNs
+class _Conv(NamedTuple):
+    cin: int
+    cout: int
+    k: int
+    stride: int
+    hout: int  # output height = width
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cnn:
+    """A CNN as a list of pipeline-cuttable layers, each a list of convolutions (+BN/ReLU)."""
+
+    name: str
+    image: int = 224
+    classes: int = 1000
+    units: tuple[tuple[str, tuple[_Conv, ...]], ...] = field(default=())
+    fc: tuple[tuple[int, int], ...] = ((2048, 1000),)  # (in, out) of the classifier linears
+    batch_norm: bool = True
+
+    arch = "cnn"
+
+    @property
+    def n_units(self) -> int:
+        return len(self.units) + 1
+
+    def check_tp(self, tp: int) -> None:
+        if tp != 1:
+            raise UserError(f"tp={tp}: tensor parallelism is modelled for transformers only; use tp=1 for {self.name}")
+
+    def conv_params(self, c: _Conv) -> int:
+        return c.cin * c.cout * c.k * c.k + (2 * c.cout if self.batch_norm else c.cout)
+
+    def total_params(self) -> int:
+        p = sum(self.conv_params(c) for _, convs in self.units for c in convs)
+        return p + sum(i * o + o for i, o in self.fc)
+
+    def macs_per_sample(self) -> float:
+        macs = sum(c.cin * c.cout * c.k * c.k * c.hout * c.hout for _, convs in self.units for c in convs)
+        return float(macs + sum(i * o for i, o in self.fc))
+
+    def model_flops_per_sample(self) -> float:
+        return 3.0 * 2.0 * self.macs_per_sample()
+
+    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int) -> tuple[LayerCost, ...]:
+        self.check_tp(tp)
+        if cp != 1:
+            raise UserError(f"cp={cp}: context parallelism needs a transformer")
+        return _cnn_costs(self, mb)
+
+
+@functools.lru_cache(maxsize=256)
+def _cnn_costs(m: Cnn, mb: int) -> tuple[LayerCost, ...]:
+    B = ACT_BYTES
+    out: list[LayerCost] = []
+    for name, convs in m.units:
+        ops: list[Op] = []
+        act = 0.0
+        for c in convs:
+            hin = c.hout * c.stride
+            pix = mb * c.hout * c.hout
+            ops.append(
+                Op("conv", OpKind.GEMM, 2.0 * pix * c.cout * c.cin * c.k * c.k,
+                   B * (mb * hin * hin * c.cin + c.cin * c.cout * c.k * c.k + pix * c.cout), pix, c.cout, c.cin * c.k * c.k)
+            )
+            ops.append(Op("bn_relu", OpKind.MEM, 0.0, 4 * B * pix * c.cout, bwd=1.5))
+            act += B * mb * hin * hin * c.cin + 2 * B * pix * c.cout  # conv input, BN input, ReLU output
+        first = convs[0]
+        last = convs[-1]
+        block_in = B * mb * (first.hout * first.stride) ** 2 * first.cin
+        out_b = B * mb * last.hout**2 * last.cout
+        out.append(
+            LayerCost(
+                name=name, ops=tuple(ops), params=sum(m.conv_params(c) for c in convs),
+                act_bytes=(act, act, block_in), transient_bytes=act, out_bytes=out_b,
+                tp_allreduce_bytes=0.0, tp_collectives=0, cp_kv_bytes=0.0,
+                model_flops=sum(o.flops for o in ops), core_flops=0.0,
+            )
+        )
+    fc_ops = tuple(Op("fc", OpKind.GEMM, 2.0 * mb * i * o, B * (mb * i + i * o + mb * o), mb, o, i) for i, o in m.fc)
+    fc_act = float(sum(B * mb * i for i, _ in m.fc) + 4 * mb * m.classes)
+    out.append(
+        LayerCost(
+            name="classifier", ops=fc_ops, params=sum(i * o + o for i, o in m.fc), act_bytes=(fc_act,) * 3,
+            transient_bytes=0.0, out_bytes=0.0, tp_allreduce_bytes=0.0, tp_collectives=0, cp_kv_bytes=0.0,
+            model_flops=sum(o.flops for o in fc_ops), core_flops=0.0,
+        )
+    )
+    return tuple(out)
+
+
+def resnet50(image: int = 224, classes: int = 1000) -> Cnn:
+    """ResNet-50 v1.5 (He et al. 2016; torchvision: stride on the 3x3): 25.56 M parameters, 4.1 GMACs."""
+    units: list[tuple[str, tuple[_Conv, ...]]] = []
+    r = image // 2
+    units.append(("stem", (_Conv(3, 64, 7, 2, r),)))
+    r //= 2  # max-pool
+    cin = 64
+    for stage, (blocks, width) in enumerate(((3, 64), (4, 128), (6, 256), (3, 512))):
+        for i in range(blocks):
+            stride = 2 if i == 0 and stage > 0 else 1
+            rin = r
+            r = rin // stride
+            convs = [_Conv(cin, width, 1, 1, rin), _Conv(width, width, 3, stride, r), _Conv(width, 4 * width, 1, 1, r)]
+            if i == 0:
+                convs.append(_Conv(cin, 4 * width, 1, stride, r))  # projection shortcut
+            units.append((f"layer{stage + 1}.{i}", tuple(convs)))
+            cin = 4 * width
+    return Cnn(name="resnet50", image=image, classes=classes, units=tuple(units), fc=((2048, classes),))
+
+
+def vgg19(image: int = 224, classes: int = 1000) -> Cnn:
+    """VGG-19 (Simonyan & Zisserman 2015, config E): 143.7 M parameters, 19.6 GMACs, no batch norm."""
+    cfg = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+    units: list[tuple[str, tuple[_Conv, ...]]] = []
+    r, cin = image, 3
+    for i, c in enumerate(cfg):
+        if c == "M":
+            r //= 2
+            continue
+        assert isinstance(c, int)
+        units.append((f"conv{i}", (_Conv(cin, c, 3, 1, r),)))
+        cin = c
+    fc = ((512 * 7 * 7, 4096), (4096, 4096), (4096, classes))
+    return Cnn(name="vgg19", image=image, classes=classes, units=tuple(units), fc=fc, batch_norm=False)
+
+
+Model = Transformer | Cnn
+
+_PRESETS = {
+    # GPT-3 (Brown et al. 2020, Table 2.1); vocabulary 50257, sequence 2048
+    "gpt3-175b": dict(arch="gpt", layers=96, hidden=12288, heads=96, seq=2048, vocab=50257),
+    "gpt3-1.3b": dict(arch="gpt", layers=24, hidden=2048, heads=16, seq=2048, vocab=50257),
+    # Llama 2 (Touvron et al. 2023, Table 1 / released configs)
+    "llama2-7b": dict(arch="llama", layers=32, hidden=4096, heads=32, seq=4096, vocab=32000, ffn_hidden=11008),
+    "llama2-13b": dict(arch="llama", layers=40, hidden=5120, heads=40, seq=4096, vocab=32000, ffn_hidden=13824),
+    "llama2-70b": dict(
+        arch="llama", layers=80, hidden=8192, heads=64, kv_heads=8, seq=4096, vocab=32000, ffn_hidden=28672
+    ),
+    # BERT (Devlin et al. 2019): WordPiece 30522, 512 positions
+    "bert-large": dict(arch="bert", layers=24, hidden=1024, heads=16, seq=512, vocab=30522),
+    "bert-base": dict(arch="bert", layers=12, hidden=768, heads=12, seq=512, vocab=30522),
+}
+
+
+def preset(name: str) -> Model:
+    """A published model by name; ``UserError`` lists the names on a miss."""
+    if name == "resnet50":
+        return resnet50()
+    if name == "vgg19":
+        return vgg19()
+    if name not in _PRESETS:
+        raise UserError(f"unknown model '{name}'; expected one of {', '.join(preset_names())}")
+    return Transformer(name=name, **_PRESETS[name])  # type: ignore[arg-type]
+
+
+def preset_names() -> list[str]:
+    return [*sorted(_PRESETS), "resnet50", "vgg19"]

@@ -1,0 +1,189 @@
+"""CaSync: compression-aware synchronisation of one flat gradient on torch.distributed.
+
+    >>> # in each of N processes, after init_process_group("gloo", ...):
+    >>> from trainsim.compress import make                        # doctest: +SKIP
+    >>> from trainsim.run.casync import sync                      # doctest: +SKIP
+    >>> c = make("tbq")                                           # doctest: +SKIP
+    >>> sync(grad.div_(world), c, key="fc.weight", scheme="ps", partitions=2)  # doctest: +SKIP
+
+Compressed gradients cannot be summed by all-reduce (a sum of bit masks means nothing), so HiPress
+(SOSP'21, §3) composes synchronisation from communication primitives (gather, broadcast,
+all-gather, send/recv) and compute primitives (encode, decode, decode-and-merge). Three schemes:
+
+* ``allgather``: every rank encodes its gradient, all-gathers the compressed parts, and decodes
+  and sums them locally. One round; the traffic per rank is (N-1) compressed copies.
+* ``ps``: the gradient is split into K partitions, partition p owned by rank p mod N (co-located
+  parameter servers). 1. every rank encodes partition p and gathers it to the owner; 2. the owner
+  decodes and sums the N parts, re-encodes the sum and 3. broadcasts it; 4. all ranks decode it.
+  The K gathers are issued before any partition is decoded, so the owners' decode overlaps the
+  transfers of later partitions (the pipeline of §3.3).
+* ``ring``: a reduce-scatter ring in which every hop decodes the incoming partial sum, adds its own
+  chunk and re-encodes (N-1 hops), then an all-gather of the compressed final chunks. With K
+  partitions each hop posts all K transfers first and then decodes them in order.
+
+All ranks end with the *same* values (every rank, owners included, takes the decoded compressed
+sum), so replicas never drift. Collectives are issued only from the calling thread, in the same
+order on every rank; nothing is issued from a future's callback (issuing from callbacks, which run
+on whichever thread completes a future, is how hooks end up with mismatched collectives on gloo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from trainsim.compress.base import Compressor
+from trainsim.errors import UserError
+
+SCHEMES = ("allgather", "ps", "ring")
+
+
+def _all_gather_bytes(out: Tensor, inp: Tensor, group: Any) -> Any:
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather_single(out, inp, group=group, async_op=True)
+
+
+def _work(work: Any) -> Any:
+    assert work is not None  # point-to-point ops return their Work in the group
+    return work
+
+
+def _global(group: Any, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` (offset, length) chunks covering n elements, lengths differing by at most 1."""
+    parts = max(1, min(parts, n))
+    base, extra = divmod(n, parts)
+    out, off = [], 0
+    for p in range(parts):
+        length = base + (1 if p < extra else 0)
+        out.append((off, length))
+        off += length
+    return out
+
+
+def allgather_sync(x: Tensor, comp: Compressor, key: Hashable, group: Any = None) -> None:
+    """x <- sum over ranks of D(C(x_r)), by all-gather of the compressed parts."""
+    world = dist.get_world_size(group)
+    wire = comp.new_wire(x.numel())
+    comp.compress_into(x, wire, key)
+    if comp.codec.summable:
+        dist.all_reduce(wire, group=group)
+        comp.decompress_into(wire, x, key)
+        return
+    gathered = torch.empty(world * wire.numel(), dtype=wire.dtype)
+    _all_gather_bytes(gathered, wire, group).wait()
+    parts = gathered.view(world, -1)
+    for r in range(world):
+        comp.decompress_into(parts[r], x, key, accumulate=r > 0)
+
+
+def ps_sync(x: Tensor, comp: Compressor, key: Hashable, group: Any = None, partitions: int = 1) -> None:
+    """Parameter-server style: partition owners gather, decode-sum, re-encode and broadcast."""
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    chunks = split(x.numel(), partitions)
+    wires, gathers, works = [], [], []
+    for p, (off, length) in enumerate(chunks):  # 1. encode and gather every partition (pipelined)
+        owner = p % world
+        wire = comp.new_wire(length)
+        comp.compress_into(x[off : off + length], wire, (key, "ps", p))
+        recv = [torch.empty_like(wire) for _ in range(world)] if rank == owner else None
+        works.append(dist.gather(wire, recv, dst=_global(group, owner), group=group, async_op=True))
+        wires.append(wire)
+        gathers.append(recv)
+    bcasts = []
+    for p, (off, length) in enumerate(chunks):
+        owner = p % world
+        works[p].wait()
+        out = wires[p]
+        if rank == owner:  # 2. decode and sum, re-encode (own residual for the server side)
+            seg = x[off : off + length]
+            recv = gathers[p]
+            assert recv is not None
+            for r in range(world):
+                comp.decompress_into(recv[r], seg, (key, "ps", p), accumulate=r > 0)
+            comp.compress_into(seg, out, (key, "ps-server", p))
+        bcasts.append(dist.broadcast(out, src=_global(group, owner), group=group, async_op=True))  # 3.
+    for p, (off, length) in enumerate(chunks):  # 4. everyone takes the decoded sum
+        bcasts[p].wait()
+        comp.decompress_into(wires[p], x[off : off + length], (key, "ps", p))
+
+
+def ring_sync(x: Tensor, comp: Compressor, key: Hashable, group: Any = None, partitions: int = 1) -> None:
+    """Ring reduce-scatter with decode-sum-encode at every hop, then a compressed all-gather."""
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if world == 1:
+        wire = comp.new_wire(x.numel())
+        comp.compress_into(x, wire, key)
+        comp.decompress_into(wire, x, key)
+        return
+    right, left = _global(group, (rank + 1) % world), _global(group, (rank - 1) % world)
+    segs = split(x.numel(), partitions)
+    n_chunk = [max(1, -(-length // world)) for _, length in segs]  # ceil: chunks padded to equal size
+    bufs = []
+    for (off, length), c in zip(segs, n_chunk, strict=True):
+        buf = torch.zeros(world * c)
+        buf[:length].copy_(x[off : off + length])
+        bufs.append(buf.view(world, c))
+    for s in range(world - 1):
+        sends, recvs, in_wires = [], [], []
+        for p, buf in enumerate(bufs):  # post every partition's hop before decoding any
+            send_chunk = (rank - s) % world
+            wire = comp.new_wire(n_chunk[p])
+            comp.compress_into(buf[send_chunk], wire, (key, "ring", p, send_chunk))
+            inc = torch.empty_like(wire)
+            sends.append(_work(dist.isend(wire, right, group=group, tag=p)))
+            recvs.append(_work(dist.irecv(inc, left, group=group, tag=p)))
+            in_wires.append(inc)
+        for p, buf in enumerate(bufs):
+            recvs[p].wait()
+            recv_chunk = (rank - s - 1) % world
+            comp.decompress_into(in_wires[p], buf[recv_chunk], (key, "ring", p), accumulate=True)
+        for w in sends:
+            w.wait()
+    gathers = []
+    for p, buf in enumerate(bufs):  # rank holds the full sum of chunk rank+1: share it compressed
+        mine = (rank + 1) % world
+        wire = comp.new_wire(n_chunk[p])
+        comp.compress_into(buf[mine], wire, (key, "ring-final", p))
+        out = torch.empty(world * wire.numel(), dtype=wire.dtype)
+        gathers.append((out, _all_gather_bytes(out, wire, group)))
+    for p, ((off, length), (out, work)) in enumerate(zip(segs, gathers, strict=True)):
+        work.wait()
+        parts = out.view(world, -1)
+        buf = bufs[p]
+        for r in range(world):
+            comp.decompress_into(parts[r], buf[(r + 1) % world], (key, "ring", p))
+        x[off : off + length].copy_(buf.view(-1)[:length])
+
+
+def sync(
+    x: Tensor,
+    comp: Compressor,
+    key: Hashable,
+    *,
+    scheme: str = "allgather",
+    group: Any = None,
+    partitions: int = 1,
+) -> None:
+    """Sum the compressed ``x`` of every rank into ``x`` (in place) by ``scheme``."""
+    if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 1:
+        raise UserError(f"casync: expected a contiguous 1-D float32 tensor, got {x.dtype} {tuple(x.shape)}")
+    if partitions < 1:
+        raise UserError(f"casync: partitions={partitions} must be >= 1")
+    if scheme == "allgather":
+        allgather_sync(x, comp, key, group)
+    elif scheme == "ps":
+        ps_sync(x, comp, key, group, partitions)
+    elif scheme == "ring":
+        ring_sync(x, comp, key, group, partitions)
+    else:
+        raise UserError(f"casync: unknown scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")

@@ -1,0 +1,337 @@
+"""Data parallelism with out-of-order backprop ("reverse first-k"), for real, on gloo.
+
+    >>> from trainsim.run.ooo_dp import DpRunConfig, run_dp
+    >>> res = run_dp(DpRunConfig(model="mlp", mode="ooo", k=2, steps=20))   # doctest: +SKIP
+    >>> res["step_ms"], res["losses"][:3]                                   # doctest: +SKIP
+
+``OooDataParallel`` wraps an ``nn.Sequential`` (the zoo's layers). One training step:
+
+1. forward, layer by layer; just before layer ``i`` (``i < k``) runs, wait for its gradient
+   all-reduce from the previous step and apply its optimizer update there (not earlier);
+2. the output-gradient chain (B of every layer, last to first) - the critical path;
+   layers ``i >= k`` run B and W fused, as plain backprop does, and start their all-reduce at once
+   (DDP with one bucket per layer);
+3. W of the first ``k`` layers, input-first (layer 0 first: its update is needed first), each
+   all-reduce started as soon as its gradient exists;
+4. wait for the all-reduces of layers ``i >= k`` and update them (DDP's end of step).
+
+So the communication of the first ``k`` layers overlaps the end of backward and the start of the
+next forward (Oh et al., EuroSys'22, §5; ``mlsys-seo/ooo-backprop: dp_schedule.py``). ``k = 0`` is
+DDP's order. Gradients are divided by the world size before a SUM all-reduce, as DDP's default
+hook does, so updated weights equal DDP's for the same data (``tests/run/test_ooo_dp.py``).
+``flush()`` applies the updates still pending after the last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainsim.errors import UserError
+from trainsim.run.ranks import Popen, free_port, init_gloo, launch, local_popen, python
+from trainsim.run.splitgrad import LayerTape
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+MODES = ("ooo", "ddp")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DpRunConfig:
+    """One real data-parallel run."""
+
+    model: str = "mlp"
+    """zoo model name"""
+    mode: str = "ooo"
+    """``ooo``: ``OooDataParallel`` with ``k``; ``ddp``: torch's DistributedDataParallel (reference)"""
+    k: int = 0
+    """layers (from the input) whose weight gradients are deferred and reordered; 0 = DDP order"""
+    world_size: int = 2
+    steps: int = 20
+    """measured steps"""
+    warmup: int = 3
+    """steps run before measuring"""
+    batch_size: int = 32
+    """samples per rank per step"""
+    lr: float = 0.01
+    momentum: float = 0.9
+    zoo_blocks: int = 0
+    """transformer blocks / mlp depth; 0 = the zoo's default"""
+    seed: int = 0
+    timeout_s: float = 120.0
+    """process-group timeout and (x3) whole-run timeout"""
+    crash_rank: int = -1
+    """fault injection for tests: this rank exits with code 3 at step 1"""
+    save_params: bool = False
+    """return the final parameters (tests)"""
+
+    def __post_init__(self) -> None:
+        from trainsim.models.zoo import MODELS
+
+        if self.model not in MODELS:
+            raise UserError(f"model {self.model!r}; expected one of {', '.join(sorted(MODELS))}")
+        if self.mode not in MODES:
+            raise UserError(f"mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        for f in ("world_size", "steps", "batch_size"):
+            if getattr(self, f) < 1:
+                raise UserError(f"{f}={getattr(self, f)}; expected a positive integer")
+        if self.k < 0 or self.warmup < 0:
+            raise UserError(f"k={self.k}, warmup={self.warmup}; expected integers >= 0")
+
+    def zoo_spec(self) -> Any:
+        return zoo_spec(self.model, self.batch_size, self.zoo_blocks)
+
+
+def zoo_spec(model: str, batch_size: int, blocks: int = 0) -> Any:
+    """``ZooSpec`` with ``blocks`` as transformer blocks or mlp depth (0: the default)."""
+    from trainsim.models.zoo import ZooSpec
+
+    if blocks and model == "transformer":
+        return ZooSpec(batch_size=batch_size, blocks=blocks)
+    if blocks and model == "mlp":
+        return ZooSpec(batch_size=batch_size, depth=blocks)
+    return ZooSpec(batch_size=batch_size)
+
+
+def zoo_layer_count(model: str, batch_size: int = 32, zoo: dict[str, int] | None = None) -> int:
+    from trainsim.models.zoo import ZooSpec, build
+
+    m, _ = build(model, spec=ZooSpec(batch_size=batch_size, **(zoo or {})))
+    return len(list(m.children()))
+
+
+def check_k(k: int, n_layers: int, model: str) -> None:
+    if not 0 <= k <= n_layers:
+        raise UserError(f"--k {k}: model {model!r} has {n_layers} layers; expected 0 <= k <= {n_layers}")
+
+
+class OooDataParallel:
+    """Reverse-first-k data parallelism over the children of an ``nn.Sequential``."""
+
+    __slots__ = ("_works", "group", "k", "layers", "optimizers", "world_size")
+
+    def __init__(
+        self,
+        model: nn.Sequential,
+        k: int,
+        make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+        group: Any = None,
+    ) -> None:
+        import torch.distributed as dist
+
+        self.layers = list(model.children())
+        check_k(k, len(self.layers), type(model).__name__)
+        self.k = k  # layers [0, k) are reordered
+        self.group = group
+        # without a process group: one process, no communication (the reordered computation alone)
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.optimizers = [
+            make_optimizer(list(m.parameters())) if any(True for _ in m.parameters()) else None
+            for m in self.layers
+        ]
+        # layer -> (all-reduce work, flat buffer) in flight, not yet applied
+        self._works: dict[int, tuple[Any, torch.Tensor]] = {}
+        if self.world_size > 1:
+            for p in model.parameters():  # same start on every rank, as DDP does
+                dist.broadcast(p.data, 0, group=group)
+
+    # ---------------------------------------------------------------- communication
+    def _start_allreduce(self, i: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.layers[i].parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.world_size == 1:
+            self._works[i] = (None, flat)
+            return
+        flat.div_(self.world_size)
+        self._works[i] = (dist.all_reduce(flat, async_op=True, group=self.group), flat)
+
+    def _finish(self, i: int) -> None:
+        """Wait for layer ``i``'s all-reduce, write the averages back and apply its update."""
+        work, flat = self._works.pop(i)
+        if work is not None:
+            work.wait()
+        off = 0
+        for p in self.layers[i].parameters():
+            if p.grad is not None:
+                n = p.grad.numel()
+                p.grad.copy_(flat[off : off + n].view_as(p.grad))
+                off += n
+        opt = self.optimizers[i]
+        assert opt is not None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    # ---------------------------------------------------------------- one step
+    def step(self, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable[..., torch.Tensor]) -> float:
+        """One training step (forward, reordered backward, updates); returns the local loss."""
+        import torch
+
+        tapes: list[LayerTape] = []
+        h = x
+        for i, layer in enumerate(self.layers):
+            if i in self._works:  # 1. the deferred update, just before the layer's forward
+                self._finish(i)
+            tape = LayerTape.forward(layer, h, input_grad=i > 0)
+            tapes.append(tape)
+            h = tape.out
+        logits = h.detach().requires_grad_(True)
+        loss = loss_fn(logits, y)
+        (g,) = torch.autograd.grad(loss, logits)
+        for i in range(len(tapes) - 1, -1, -1):  # 2. output-gradient chain; DDP layers do W too
+            if i >= self.k:
+                g_in = tapes[i].backward(g)  # fused B+W, as plain backprop
+                self._start_allreduce(i)
+            else:
+                g_in = tapes[i].backward_input(g)
+            if g_in is not None:
+                g = g_in
+        for i in range(self.k):  # 3. reversed first k: input-first weight gradients
+            tapes[i].backward_weight()
+            self._start_allreduce(i)
+        for i in range(self.k, len(self.layers)):  # 4. DDP's end of step
+            if i in self._works:
+                self._finish(i)
+        return float(loss.detach())
+
+    def flush(self) -> None:
+        """Apply every update still pending (after the last step)."""
+        for i in sorted(self._works):
+            self._finish(i)
+
+
+# ---------------------------------------------------------------------- worker process
+def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from trainsim.models.zoo import build_with_batches
+
+    init_gloo(rank, cfg.world_size, master, port, cfg.timeout_s)
+    model, batches = build_with_batches(cfg.model, seed=cfg.seed, spec=cfg.zoo_spec())
+    loss_fn = nn.CrossEntropyLoss()
+
+    def make_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+
+    step_fn: Callable[[torch.Tensor, torch.Tensor], float]
+    if cfg.mode == "ooo":
+        assert isinstance(model, nn.Sequential)
+        ooo = OooDataParallel(model, cfg.k, make_opt)
+        step_fn = lambda x, y: ooo.step(x, y, loss_fn)  # noqa: E731
+        finish: Callable[[], None] = ooo.flush
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = make_opt(list(ddp.parameters()))
+
+        def ddp_step(x: torch.Tensor, y: torch.Tensor) -> float:
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        step_fn = ddp_step
+        finish = lambda: None  # noqa: E731
+    losses: list[float] = []
+    stamps: list[float] = []
+    for s in range(cfg.warmup + cfg.steps):
+        if s == 1 and rank == cfg.crash_rank:
+            os._exit(3)
+        x, y = batches(s * cfg.world_size + rank)
+        if s >= cfg.warmup:
+            stamps.append(time.perf_counter())
+        losses.append(step_fn(x, y))
+    stamps.append(time.perf_counter())
+    finish()
+    dist.barrier()
+    result: dict[str, Any] = {
+        "rank": rank,
+        "losses": losses,
+        "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
+    }
+    if cfg.save_params:
+        result["params"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+    out.write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def worker_argv(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> list[str]:
+    return [
+        python(),
+        "-m",
+        "trainsim.run.ooo_dp",
+        "--rank",
+        str(rank),
+        "--master",
+        master,
+        "--port",
+        str(port),
+        "--out",
+        str(out),
+        "--config",
+        json.dumps(asdict(cfg)),
+    ]
+
+
+def run_dp(
+    cfg: DpRunConfig, *, popen: Popen = local_popen, master: str = "127.0.0.1", port: int | None = None
+) -> dict[str, Any]:
+    """Run ``cfg`` on ``world_size`` processes; per-rank results plus the median step time (ms)."""
+    import statistics
+
+    from trainsim.models.zoo import build
+
+    if cfg.mode == "ooo":
+        n = len(list(build(cfg.model, spec=cfg.zoo_spec())[0].children()))
+        check_k(cfg.k, n, cfg.model)
+    port = port or free_port()
+    with tempfile.TemporaryDirectory(prefix="trainsim-dp-") as tmp:
+        outs = [Path(tmp) / f"rank{r}.json" for r in range(cfg.world_size)]
+        launch(
+            [worker_argv(cfg, r, master, port, outs[r]) for r in range(cfg.world_size)],
+            popen=popen,
+            timeout_s=3 * cfg.timeout_s,
+        )
+        ranks = [json.loads(o.read_text()) for o in outs]
+    per_step = [max(r["step_ms"][s] for r in ranks) for s in range(cfg.steps)]
+    return {
+        "config": asdict(cfg),
+        "step_ms": statistics.median(per_step),
+        "step_min_ms": min(per_step),
+        "ranks": ranks,
+        "losses": ranks[0]["losses"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="one rank of a trainsim data-parallel run (started by run_dp)")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--config", required=True)
+    a = ap.parse_args(argv)
+    _worker(DpRunConfig(**json.loads(a.config)), a.rank, a.master, a.port, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Pipeline parallelism for real: a zoo model split into stages, torch.distributed.pipelining on gloo.
+
+    >>> from trainsim.run.pipeline import PipeRunConfig, run_pipeline
+    >>> cfg = PipeRunConfig(model="transformer", schedule="ZBVZeroBubble", stages_per_rank=2,
+    ...                     microbatches=4, split=(2, 1, 1, 3), blocks=4)          # doctest: +SKIP
+    >>> run_pipeline(cfg)["step_ms"]                                               # doctest: +SKIP
+
+Each rank builds the same model (same seed), keeps the stages that the schedule's stage-to-rank
+mapping gives it (``loop``: stage s on rank s mod R; ``v``: 0,1,..,R-1,R-1,..,0), wraps them in
+``PipelineStage`` and runs them with torch's ``_PipelineScheduleRuntime`` loaded with the compute
+order of torch's own schedule class (``trainsim.transform.pipeline.make_runtime``). The simulator
+replays the lowered form of that same order, so both execute one list of actions; each worker
+returns the list it ran so that tests can check it. Bad input (empty stage, a split that does not
+cover the model, microbatches not dividing the batch, too few stages per rank) is refused before
+any process starts; a crashed rank stops the run with ``RankFailed`` naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainsim.errors import UserError
+from trainsim.run.ranks import Popen, free_port, init_gloo, launch, local_popen, python
+from trainsim.transform.pipeline import PipeSpec, check_split
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipeRunConfig:
+    """One real pipeline-parallel run."""
+
+    model: str = "transformer"
+    schedule: str = "1F1B"
+    n_ranks: int = 2
+    stages_per_rank: int = 1
+    microbatches: int = 4
+    batch_size: int = 32
+    """global batch per step, split into ``microbatches``"""
+    split: tuple[int, ...] = ()
+    """layers per stage (first stage first); empty = equal layer counts, remainder to the last"""
+    blocks: int = 2
+    """encoder blocks (transformer) / linear layers (mlp, as depth)"""
+    steps: int = 10
+    warmup: int = 2
+    lr: float = 0.01
+    seed: int = 0
+    timeout_s: float = 120.0
+    crash_rank: int = -1
+    """fault injection for tests: this rank exits with code 3 at step 1"""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "split", tuple(self.split))
+        if self.batch_size < 1 or self.steps < 1 or self.warmup < 0:
+            raise UserError(
+                f"batch_size={self.batch_size}, steps={self.steps}, warmup={self.warmup}; expected positive"
+            )
+        spec = self.pipe_spec()  # validates schedule, stages per rank, microbatches
+        if self.batch_size % self.microbatches:
+            raise UserError(
+                f"--microbatches {self.microbatches} does not divide the batch size {self.batch_size}"
+            )
+        self.layers(spec)
+
+    def pipe_spec(self) -> PipeSpec:
+        return PipeSpec(
+            schedule=self.schedule,
+            n_ranks=self.n_ranks,
+            stages_per_rank=self.stages_per_rank,
+            microbatches=self.microbatches,
+        )
+
+    def zoo_spec(self, batch_size: int | None = None) -> Any:
+        from trainsim.models.zoo import ZooSpec
+
+        kw: dict[str, int] = {"batch_size": batch_size or self.batch_size}
+        kw["blocks" if self.model == "transformer" else "depth"] = self.blocks
+        return ZooSpec(**kw) if self.model in ("transformer", "mlp") else ZooSpec(batch_size=kw["batch_size"])
+
+    def layers(self, spec: PipeSpec | None = None) -> list[list[int]]:
+        """Layer indices of every stage (validated)."""
+        spec = spec or self.pipe_spec()
+        n = n_layers(self.model, self.zoo_spec(1))
+        sizes = list(self.split) or even_split(n, spec.n_stages)
+        return check_split(sizes, n, spec.n_stages)
+
+
+def n_layers(model: str, zoo_spec: Any) -> int:
+    from trainsim.models.zoo import build
+
+    m, _ = build(model, spec=zoo_spec)
+    return len(list(m.children()))
+
+
+def even_split(n: int, stages: int) -> list[int]:
+    if stages > n:
+        raise UserError(f"{stages} stages but the model has only {n} layers; a stage would be empty")
+    base = [n // stages] * stages
+    base[-1] += n - sum(base)
+    return base
+
+
+def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage
+
+    from trainsim.models.zoo import build_with_batches
+    from trainsim.transform.pipeline import make_runtime
+
+    spec = cfg.pipe_spec()
+    init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s)
+    model, batches = build_with_batches(cfg.model, seed=cfg.seed, spec=cfg.zoo_spec())
+    children = list(model.children())
+    s2r = spec.stage_to_rank()
+    mine = [s for s in range(spec.n_stages) if s2r[s] == rank]
+    mods = {s: nn.Sequential(*[children[i] for i in cfg.layers(spec)[s]]) for s in mine}
+    stages = [PipelineStage(mods[s], s, spec.n_stages, torch.device("cpu")) for s in mine]
+    rt = make_runtime(stages, spec, nn.CrossEntropyLoss())
+    params = [p for s in mine for p in mods[s].parameters()]
+    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+    has_first, has_last = 0 in mine, spec.n_stages - 1 in mine
+    losses: list[float] = []
+    stamps: list[float] = []
+    for step in range(cfg.warmup + cfg.steps):
+        if step == 1 and rank == cfg.crash_rank:
+            os._exit(3)
+        x, y = batches(step)
+        if step >= cfg.warmup:
+            stamps.append(time.perf_counter())
+        mb_losses: list[torch.Tensor] = []
+        args = (x,) if has_first else ()
+        kw: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
+        rt.step(*args, **kw)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if has_last:
+            losses.append(float(torch.stack(mb_losses).mean()))
+    stamps.append(time.perf_counter())
+    dist.barrier()
+    out.write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "stages": mine,
+                "losses": losses,
+                "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
+                "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
+            }
+        )
+    )
+    dist.destroy_process_group()
+
+
+def worker_argv(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) -> list[str]:
+    return [
+        python(),
+        "-m",
+        "trainsim.run.pipeline",
+        "--rank",
+        str(rank),
+        "--master",
+        master,
+        "--port",
+        str(port),
+        "--out",
+        str(out),
+        "--config",
+        json.dumps(asdict(cfg)),
+    ]
+
+
+def run_pipeline(
+    cfg: PipeRunConfig, *, popen: Popen = local_popen, master: str = "127.0.0.1", port: int | None = None
+) -> dict[str, Any]:
+    """Run ``cfg`` on ``n_ranks`` processes; per-rank results and the median step time (ms)."""
+    port = port or free_port()
+    with tempfile.TemporaryDirectory(prefix="trainsim-pp-") as tmp:
+        outs = [Path(tmp) / f"rank{r}.json" for r in range(cfg.n_ranks)]
+        launch(
+            [worker_argv(cfg, r, master, port, outs[r]) for r in range(cfg.n_ranks)],
+            popen=popen,
+            timeout_s=3 * cfg.timeout_s,
+        )
+        ranks = [json.loads(o.read_text()) for o in outs]
+    per_step = [max(r["step_ms"][s] for r in ranks) for s in range(cfg.steps)]
+    losses = next(r["losses"] for r in ranks if r["losses"])
+    return {
+        "config": asdict(cfg),
+        "step_ms": statistics.median(per_step),
+        "step_min_ms": min(per_step),
+        "ranks": ranks,
+        "losses": losses,
+        "split": cfg.layers(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="one rank of a trainsim pipeline run (started by run_pipeline)")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--config", required=True)
+    a = ap.parse_args(argv)
+    raw = json.loads(a.config)
+    raw["split"] = tuple(raw.get("split", ()))
+    _worker(PipeRunConfig(**raw), a.rank, a.master, a.port, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Start one process per rank, watch them all, and stop everything as soon as one fails.
+
+    >>> from trainsim.run.ranks import launch, local_popen
+    >>> argvs = [["python", "-m", "trainsim.run.ooo_dp", "--rank", str(r), ...] for r in range(2)]  # doctest: +SKIP
+    >>> launch(argvs, popen=local_popen, timeout_s=120)                                            # doctest: +SKIP
+
+A rank that exits with a non-zero code, or a run that passes ``timeout_s``, ends the whole run: the
+other ranks are killed (their process groups), and ``RankFailed`` names the first failing rank with
+the tail of its stderr. The workers set timeouts on their process groups as well (``init_gloo``), so
+a peer that dies mid-collective makes the survivors fail fast instead of waiting forever.
+``popen`` decides where a rank runs: ``local_popen`` on this machine (loopback), or
+``trainsim.validate.netns.Netns.popen`` inside a shaped network namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import IO, Any
+
+Popen = Callable[..., "subprocess.Popen[Any]"]
+"""``popen(rank, argv, **subprocess_kwargs)`` starts rank ``rank``."""
+
+
+class RankFailed(RuntimeError):
+    """A rank crashed or the run timed out; the message names the rank."""
+
+    def __init__(self, rank: int | None, message: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+def local_popen(rank: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """Start a rank on this machine (gloo over loopback), in its own process group."""
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env.update(kwargs.pop("env", {}) or {})
+    return subprocess.Popen(list(argv), env=env, start_new_session=True, **kwargs)
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def python() -> str:
+    return sys.executable
+
+
+def launch(
+    argvs: Sequence[Sequence[str]],
+    *,
+    popen: Popen = local_popen,
+    timeout_s: float = 300.0,
+    poll_s: float = 0.05,
+) -> None:
+    """Run one command per rank (index = rank) until all exit 0; raise ``RankFailed`` otherwise."""
+    procs: list[subprocess.Popen[Any]] = []
+    errs: list[IO[bytes]] = []
+    try:
+        for rank, argv in enumerate(argvs):
+            err = tempfile.TemporaryFile()
+            errs.append(err)
+            procs.append(popen(rank, list(argv), stdout=subprocess.DEVNULL, stderr=err))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # several in one poll: a peer's crash makes the others fail on their next collective,
+                # usually with code 1; name a rank with another code first when there is one
+                r = min(failed, key=lambda x: (codes[x] == 1, x))
+                also = [x for x in failed if x != r]
+                _stop(procs)
+                more = f" (also failed: {', '.join(f'rank {x}' for x in also)})" if also else ""
+                raise RankFailed(r, f"rank {r} exited with code {codes[r]}{more}: {_tail(errs[r])}")
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                running = [r for r, c in enumerate(codes) if c is None]
+                _stop(procs)
+                raise RankFailed(
+                    running[0] if running else None,
+                    f"timed out after {timeout_s:.0f} s; ranks still running: {running}: "
+                    + (_tail(errs[running[0]]) if running else ""),
+                )
+            time.sleep(poll_s)
+    finally:
+        _stop(procs)
+        for e in errs:
+            e.close()
+
+
+def _stop(procs: Sequence[subprocess.Popen[Any]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            pass
+
+
+def _tail(err: IO[bytes], n: int = 6) -> str:
+    err.seek(0)
+    lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+    return " | ".join(lines[-n:]) or "(no stderr)"
+
+
+def init_gloo(rank: int, world_size: int, master: str, port: int, timeout_s: float) -> None:
+    """Join the gloo process group with a timeout on every collective (a dead peer fails fast)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )

@@ -1,0 +1,407 @@
+"""What-if: gradient compression on a data-parallel job, as a transformation of the task graph.
+
+    >>> from trainsim.transform.compression import CompressConfig, CodecCost, compression
+    >>> cfg = CompressConfig(algorithm="onebit", world=2)                               # doctest: +SKIP
+    >>> cost = CodecCost.calibrate("onebit")              # encode/decode fits, this machine  # doctest: +SKIP
+    >>> g2 = compression(g, params, layers, shapes, cfg, cost, link)                      # doctest: +SKIP
+    >>> simulate(g2).step_ms                                                              # doctest: +SKIP
+
+It adds, per step of a single-process trace and per DDP bucket (``dataparallel.ddp_buckets``), the
+tasks that ``trainsim.run.hooks.compress_hook`` really runs (see that module's numbered steps):
+
+1. gradients left uncompressed (1-D, < ``min_numel``, or "no" in a SeCoPa plan): one all-reduce on
+   the communication channel, after the bucket's gradients are ready;
+2. **encode** on the main (autograd) thread right after the ready point, so it delays the rest of
+   backward as the synchronous hook does: ``sum enc(n_i)``;
+3. the compressed **transfer**: an all-gather of ``world x wire bytes`` (ring model of the link), or
+   an all-reduce of the wire for summable codecs (fp16, bf16, random-k);
+4. **decode** (decode-and-merge of every rank's part) on the thread that completes the future:
+   ``world x sum dec(n_i)`` (summable: one decode);
+5. the optimizer waits for every bucket's decode and uncompressed all-reduce.
+
+PowerSGD: P = MQ on the main thread, a blocking all-reduce of [P, uncompressed], Q = M^T P, then an
+all-reduce of Q and the P Q^T decode. The PS and ring schemes (``scheme="ps" | "ring"``) run inside the
+hook, on the main thread: one main-thread task per bucket whose duration is the SeCoPa cost
+(``trainsim.compress.secopa.costs``) with the codec's and the link's constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainsim.cluster.catalog import Link
+from trainsim.cluster.collectives import allgather_us, ring_allreduce_us
+from trainsim.errors import UserError
+from trainsim.graph.ir import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from trainsim.transform.dataparallel import ParamInfo, ddp_buckets, step_anchors
+from trainsim.transform.primitives import add_edges, insert
+
+SCHEMES = ("allgather", "ps", "ring")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompressConfig:
+    """Which algorithm, how it synchronises, which gradients."""
+
+    algorithm: str
+    """registry name (``trainsim.compress.names()``)"""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """algorithm options (ratio, bits, rank ...)"""
+    world: int = 2
+    """data-parallel ranks"""
+    scheme: str = "allgather"
+    """allgather | ps | ring (CaSync)"""
+    min_numel: int = 1024
+    """smaller gradients are all-reduced uncompressed (the hook's default)"""
+    plan: Any = None
+    """a ``trainsim.compress.secopa.Plan`` (compress / partitions per gradient), or None"""
+    bucket_cap_mb: float = 25.0
+    """DDP bucket cap"""
+    channel: str = "comm:dp"
+    """communication resource"""
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise UserError(
+                f"compression what-if: scheme={self.scheme!r}; expected one of {', '.join(SCHEMES)}"
+            )
+        if self.world < 2:
+            raise UserError(f"compression what-if: world={self.world}; expected >= 2 ranks")
+
+
+@dataclass(frozen=True, slots=True)
+class CodecCost:
+    """Encode/decode time (microseconds) of an algorithm as a function of elements, and its wire size."""
+
+    enc_us: Callable[[int], float]
+    dec_us: Callable[[int], float]
+    wire_bytes: Callable[[int], int]
+    summable: bool
+    low_rank: bool
+    fits: Mapping[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def calibrate(
+        algorithm: str,
+        *,
+        sizes: Sequence[int] | None = None,
+        threads: int | None = 1,
+        concurrent: int = 1,
+        **options: Any,
+    ) -> CodecCost:
+        """Measure this machine (``secopa.calibrate_codec``) with ``threads`` intra-op threads.
+
+        ``concurrent`` > 1 runs that many calibrating processes at once and averages them: when the
+        ranks of the run share this machine's cores (an emulated cluster), each rank encodes while
+        the others do, and a lone process would measure a machine that is not there.
+        """
+        from trainsim.compress import make
+        from trainsim.compress.secopa import CAL_SIZES, Linear
+
+        size_list = list(sizes or CAL_SIZES)
+        if concurrent > 1:
+            import torch.multiprocessing as mp
+
+            ctx = mp.get_context("spawn")
+            with ctx.Pool(concurrent) as pool:
+                samples = pool.starmap(
+                    _calibrate_one, [(algorithm, size_list, threads, options)] * concurrent
+                )
+        else:
+            samples = [_calibrate_one(algorithm, size_list, threads, options)]
+        mean = {k: [sum(s[k][i] for s in samples) / len(samples) for i in range(len(size_list))]
+                for k in ("enc_ms", "dec_ms", "add_ms")}  # fmt: skip
+        enc, dec = Linear.fit(size_list, mean["enc_ms"]), Linear.fit(size_list, mean["dec_ms"])
+        comp = make(algorithm, **options)
+        codec = comp.codec
+        n_max = max(size_list)
+        return CodecCost(
+            enc_us=lambda n: 1e3 * enc(n),
+            dec_us=lambda n: 1e3 * dec(n),
+            wire_bytes=comp.wire_bytes,
+            summable=bool(codec.summable),
+            low_rank=bool(getattr(codec, "low_rank", False)),
+            fits={
+                "enc": enc,
+                "dec": dec,
+                "aggr": Linear.fit(size_list, mean["add_ms"]),
+                "ratio": comp.wire_bytes(n_max) / (4 * n_max),
+                "samples": mean,
+            },  # fmt: skip
+        )
+
+
+def _calibrate_one(
+    algorithm: str, sizes: list[int], threads: int | None, options: dict[str, Any]
+) -> dict[str, list[float]]:
+    import torch
+
+    from trainsim.compress.secopa import calibrate_codec
+
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        cal = calibrate_codec(algorithm, sizes=sizes, **options)
+    finally:
+        torch.set_num_threads(old)
+    samples = cal["samples"]
+    return {"enc_ms": samples["enc_ms"], "dec_ms": samples["dec_ms"], "add_ms": samples["add_ms"]}
+
+
+def _compressed(name: str, shape: Sequence[int], numel: int, cfg: CompressConfig) -> tuple[bool, int]:
+    decision = cfg.plan.decision(name) if cfg.plan is not None else None
+    yes = decision[0] if decision is not None else len(shape) >= 2 and numel >= cfg.min_numel
+    return yes, (decision[1] if decision is not None else 1)
+
+
+def compression(
+    g: TaskGraph,
+    params: Sequence[ParamInfo],
+    layers: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    cfg: CompressConfig,
+    cost: CodecCost,
+    link: Link,
+) -> TaskGraph:
+    """``g`` as one rank of a ``cfg.world``-rank DDP job whose buckets go through the compression hook."""
+    if not params:
+        raise UserError(
+            f"{g.source}: the trace records no parameters; a compression what-if needs their sizes"
+        )
+    missing = [q.name for q in params if q.name not in shapes]
+    if missing:
+        raise UserError(f"compression what-if: no shape for parameter(s) {missing[:4]}")
+    p = cfg.world
+    anchors = step_anchors(g, layers)
+    main_res = g.resources[int(g.resource[anchors[0].first])].name
+    buckets = ddp_buckets([q.size_bytes for q in params], cap_bytes=int(cfg.bucket_cap_mb * 1024 * 1024))
+    rows = _Rows(cfg.channel, main_res)
+    for a in anchors:
+        base = float(a.step) * 1e6
+        for b, idx in enumerate(buckets):
+            ready = sorted({a.ready[params[i].layer] for i in idx})
+            rows.main_order = float(g.order[max(ready, key=lambda t: g.order[t])])
+            rows.comm_order = base + 1 + b
+            rows.step = a.step
+            plain_bytes, comp_items = 0, []
+            for i in idx:
+                q = params[i]
+                yes, parts = _compressed(q.name, shapes[q.name], q.numel, cfg)
+                if yes and cost.low_rank:
+                    shape = shapes[q.name]
+                    n_rows, n_cols = int(shape[0]), q.numel // int(shape[0])
+                    yes = (
+                        n_rows + n_cols
+                    ) * 2 < n_rows * n_cols  # PowerSGD's min_compression_rate 2 at rank 1
+                if yes:
+                    comp_items.append((q, parts))
+                else:
+                    plain_bytes += q.size_bytes
+            opt_wait = [a.opt_start] if a.opt_start >= 0 else []
+            if plain_bytes:  # 1. uncompressed gradients: one all-reduce after the ready point
+                ar = ring_allreduce_us(plain_bytes, p, link)
+                rows.comm(f"allreduce:bucket{b}", ar, plain_bytes, deps=ready, waits=opt_wait)
+            if not comp_items:
+                continue
+            if cfg.scheme != "allgather":  # PS / ring: synchronous inside the hook
+                us = sum(casync_us(q.numel, k, p, cost, link, cfg.scheme) for q, k in comp_items)
+                rows.main(f"casync-{cfg.scheme}:bucket{b}", us, deps=ready, waits=opt_wait)
+                continue
+            enc = sum(cost.enc_us(q.numel) for q, _ in comp_items)
+            dec = sum(cost.dec_us(q.numel) for q, _ in comp_items)
+            if cost.low_rank:
+                rk = int(cfg.options.get("rank", 1))
+                p_bytes = sum(4 * rk * int(shapes[q.name][0]) for q, _ in comp_items)
+                q_bytes = sum(4 * rk * (q.numel // int(shapes[q.name][0])) for q, _ in comp_items)
+                t_p = rows.main(f"powersgd-P:bucket{b}", enc / 2, deps=ready)
+                ar1 = rows.comm(
+                    f"allreduce:P:bucket{b}", ring_allreduce_us(p_bytes, p, link), p_bytes, after=[t_p]
+                )
+                t_q = rows.main(f"powersgd-Q:bucket{b}", enc / 2, after=[ar1])  # blocks: the hook waits
+                ar2 = rows.comm(
+                    f"allreduce:Q:bucket{b}", ring_allreduce_us(q_bytes, p, link), q_bytes, after=[t_q]
+                )
+                rows.callback(f"decode:bucket{b}", dec, after=[ar2], waits=opt_wait)
+                continue
+            wire = sum(cost.wire_bytes(q.numel) + 8 for q, _ in comp_items)  # + the hook's non-finite marker
+            t_enc = rows.main(f"encode:bucket{b}", enc, deps=ready)  # 2.
+            if cost.summable:  # 3.
+                comm, n_dec, what = ring_allreduce_us(wire, p, link), 1, "allreduce"
+            else:
+                comm, n_dec, what = allgather_us(p * wire, p, link), p, "allgather"
+            t_comm = rows.comm(f"{what}:compressed{b}", comm, wire, after=[t_enc])
+            rows.callback(f"decode:bucket{b}", n_dec * dec, after=[t_comm], waits=opt_wait)  # 4., 5.
+    if not rows.rows:
+        return g
+    return _apply(g, rows, cfg, p)
+
+
+class _Rows:
+    """New tasks as plain rows; ``deps``/``waits`` are old task ids, ``after`` indices of new rows."""
+
+    def __init__(self, channel: str, main_res: str) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.channel, self.main_res = channel, main_res
+        self.main_order = self.comm_order = 0.0
+        self.step = 0
+        self._bump = 0
+
+    def _add(self, res: str, name: str, dur: float, order: float, size: int, deps: list[int] | None,
+             after: list[int] | None, waits: list[int] | None) -> int:  # fmt: skip
+        kind = TaskKind.COMM if res == self.channel else TaskKind.CPU
+        self.rows.append({"name": name, "res": res, "kind": kind, "dur": dur, "order": order, "step": self.step,
+                          "size": size, "deps": deps or [], "after": after or [], "waits": waits or []})  # fmt: skip
+        return len(self.rows) - 1
+
+    def main(self, name: str, dur: float, *, deps: list[int] | None = None, after: list[int] | None = None,
+             waits: list[int] | None = None) -> int:  # fmt: skip
+        """On the main thread right after the ready point: it delays the rest of backward."""
+        self._bump += 1
+        return self._add(
+            self.main_res, name, dur, self.main_order + 1e-3 * self._bump, -1, deps, after, waits
+        )
+
+    def comm(self, name: str, dur: float, size: int, *, deps: list[int] | None = None, after: list[int] | None = None,
+             waits: list[int] | None = None) -> int:  # fmt: skip
+        return self._add(
+            self.channel, name, dur, self.comm_order + 1e-3 * len(self.rows), size, deps, after, waits
+        )
+
+    def callback(
+        self, name: str, dur: float, *, after: list[int] | None = None, waits: list[int] | None = None
+    ) -> int:
+        """On the thread that completes the collective's future (decode-and-merge)."""
+        order = self.comm_order + 1e-3 * len(self.rows)
+        return self._add("cpu:hook-callback", name, dur, order, -1, None, after, waits)
+
+
+def _apply(g: TaskGraph, table: _Rows, cfg: CompressConfig, p: int) -> TaskGraph:
+    rows = table.rows
+    res_kinds = {r["res"] for r in rows}
+    out = g
+    new_ids = np.empty(len(rows), np.int64)
+    for res in sorted(res_kinds):  # insert per resource so each gets the right kind when created
+        sel = [i for i, r in enumerate(rows) if r["res"] == res]
+        kind = ResourceKind.COMM_CHANNEL if res == cfg.channel else ResourceKind.CPU_THREAD
+        out, ids = insert(
+            out, name=[rows[i]["name"] for i in sel], kind=[rows[i]["kind"] for i in sel], resource=res,
+            dur_us=np.array([max(0.0, rows[i]["dur"]) for i in sel]), order=np.array([rows[i]["order"] for i in sel]),
+            resource_kind=kind, step=np.array([rows[i]["step"] for i in sel], np.int32),
+            size_bytes=np.array([rows[i]["size"] for i in sel], np.int64), group=f"dp{p}-compress",
+        )  # fmt: skip
+        new_ids[sel] = ids
+    src: list[int] = []
+    dst: list[int] = []
+    for i, r in enumerate(rows):
+        t = int(new_ids[i])
+        for d in r["deps"]:
+            src.append(int(d))
+            dst.append(t)
+        for j in r["after"]:
+            src.append(int(new_ids[j]))
+            dst.append(t)
+        for w in r["waits"]:
+            src.append(t)
+            dst.append(int(w))
+    return add_edges(out, src, dst, EdgeKind.COMM)
+
+
+def casync_us(numel: int, parts: int, world: int, cost: CodecCost, link: Link, scheme: str) -> float:
+    """Time (us) of ``trainsim.run.casync`` PS or ring on one gradient, as that code runs it.
+
+    Unlike SeCoPa's planning formulas (HiPress's, which assume the K owners work fully in
+    parallel), this counts what each rank of our implementation does, on the busiest rank:
+    PS: encode all K partitions; the gathers (an owner takes N-1 wires per partition it owns); the
+    owners decode N parts and re-encode; the broadcasts; decode all K. Ring: N-1 hops of K
+    (encode, send, decode-add) on chunks of m/(K N), then a compressed all-gather and N K decodes.
+    """
+    k = max(1, min(parts, numel))
+    n = world
+    if scheme == "ps":
+        part = numel / k
+        wire = cost.wire_bytes(max(1, int(part)))
+        owned = -(-k // n)  # partitions of the busiest owner
+        per_byte = 1.0 / link.bytes_per_us
+        gather = owned * (n - 1) * wire * per_byte + k * link.latency_us
+        bcast = owned * (n - 1) * wire * per_byte + k * link.latency_us
+        compute = k * cost.enc_us(int(part)) + owned * (n * cost.dec_us(int(part)) + cost.enc_us(int(part)))
+        return compute + gather + bcast + k * cost.dec_us(int(part))
+    if scheme == "ring":
+        chunk = max(1, -(-numel // (k * n)))
+        wire = cost.wire_bytes(chunk)
+        hop = k * (cost.enc_us(chunk) + cost.dec_us(chunk)) + k * wire / link.bytes_per_us + link.latency_us
+        final = k * cost.enc_us(chunk) + allgather_us(n * wire * k, n, link) + k * n * cost.dec_us(chunk)
+        return (n - 1) * hop + final
+    raise UserError(f"casync: unknown scheme {scheme!r}; expected ps or ring")
+
+
+def _secopa_constants(cost: CodecCost, link: Link, world: int) -> Any:
+    from trainsim.compress.secopa import Constants, Linear
+
+    per_byte_ms = 1e-3 / link.bytes_per_us
+    lat_ms = 1e-3 * link.latency_us
+    many = Linear((world - 1) * per_byte_ms, lat_ms, lat_ms)
+    return Constants(enc=cost.fits["enc"], dec=cost.fits["dec"], aggr=cost.fits["aggr"], gather=many, bcast=many,
+                     send=Linear(per_byte_ms, lat_ms, lat_ms))  # fmt: skip
+
+
+def predict(
+    trace: str,
+    *,
+    algorithm: str,
+    options: Mapping[str, Any] | None = None,
+    world: int = 2,
+    bw_gbps: float = 1.25,
+    latency_us: float = 50.0,
+    scheme: str = "allgather",
+    plan: str | None = None,
+) -> dict[str, Any]:
+    """Plain vs compressed DDP step time (ms) of a profiled trace: the entry point for ``whatif --compress``.
+
+    ``trace`` was written by ``trainsim profile`` (its ``<trace>.trainsim.json`` sidecar gives the
+    parameters and shapes); the link is ``bw_gbps`` GB/s per direction with ``latency_us``; ``plan``
+    is a SeCoPa plan file. The codec is calibrated on this machine (one thread).
+    """
+    import json
+    from pathlib import Path
+
+    from trainsim.capture.profile import sidecar_path
+    from trainsim.compress.secopa import Plan
+    from trainsim.graph.build import load_trace
+    from trainsim.simulate.engine import simulate
+    from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms, read_params
+
+    side = sidecar_path(trace)
+    params, layers = read_params(side)
+    try:
+        shapes = {str(p["name"]): tuple(p["shape"]) for p in json.loads(Path(side).read_text())["params"]}
+    except (KeyError, TypeError, ValueError, OSError):
+        raise UserError(f"{side}: params need a 'shape' for the compression what-if") from None
+    g = load_trace(trace)
+    link = Link(name="whatif", bw_gbps=bw_gbps, latency_us=latency_us)
+    loaded = Plan.load(plan) if plan else None
+    if loaded is not None:
+        loaded.check_names(shapes)
+    cfg = CompressConfig(
+        algorithm=algorithm, options=dict(options or {}), world=world, scheme=scheme, plan=loaded
+    )
+    cost = CodecCost.calibrate(algorithm, **dict(options or {}))
+    plain = data_parallel(
+        g, params, layers, DPConfig(world=world), comm_us=lambda b: ring_allreduce_us(b, world, link)
+    )
+    comp = compression(g, params, layers, shapes, cfg, cost, link)
+    return {
+        "algorithm": algorithm,
+        "world": world,
+        "bw_gbps": bw_gbps,
+        "latency_us": latency_us,
+        "scheme": scheme,
+        "plain_ddp_ms": dp_step_ms(simulate(plain).step_ms, "ddp"),
+        "compressed_ms": dp_step_ms(simulate(comp).step_ms, "ddp"),
+        "wire_ratio": cost.fits["ratio"],
+    }

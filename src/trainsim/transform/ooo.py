@@ -1,0 +1,312 @@
+"""Out-of-order backprop what-ifs: data-parallel reverse first-k, and weight gradients on a second stream.
+
+    >>> from trainsim.capture.layerprofile import profile_layers
+    >>> from trainsim.transform.ooo import AllReduceCost, predict_dp, search_k
+    >>> prof = profile_layers("mlp", batch_sizes=(32,))                            # doctest: +SKIP
+    >>> net = AllReduceCost(world_size=2, bw_gbps=1.0, latency_us=200)             # doctest: +SKIP
+    >>> predict_dp(prof, 32, k=0, net=net), predict_dp(prof, 32, k=2, net=net)     # doctest: +SKIP
+    >>> search_k(prof, 32, net)                                                    # doctest: +SKIP
+
+Both build a ``TaskGraph`` of one rank from a single-process per-layer profile
+(``trainsim.capture.layerprofile``) with ``GraphBuilder`` and replay it with
+``trainsim.simulate.engine.simulate``; the task order on each resource is the order in which
+``trainsim.run.ooo_dp.OooDataParallel`` issues the work, so what is simulated is what runs.
+
+Data parallel (one rank; the ranks are symmetric): a CPU thread runs F, B, W and optimizer updates;
+layers ``i >= k`` cost their fused backward, the reordered ones their split B and W; a FIFO
+communication channel runs the per-layer gradient all-reduces in issue order (gloo runs a
+process group's collectives one after another). The deferred update of layer ``i < k`` waits for its
+all-reduce just before ``F(i)`` of the next step; the others wait at the end of the step.
+
+Single device, multi-stream (OOO BackProp §4): the main stream runs F and B; every W goes to a
+second stream. ``schedule_map[i]`` is ``("BWD", j)`` to start W(i) once B(min(i, j)) is done in the
+same step (B runs last layer first, and W(i) needs B(i)'s captured gradients), or ``("FWD", j)`` to defer it to the next step, issued with F(j) (before F(i) needs the
+updated weights). Streams are modelled as independent resources, i.e. perfect overlap: the result is
+an upper bound on what concurrent kernels on one GPU can give (no GPU was available to calibrate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainsim.errors import UserError
+from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskGraph, TaskKind
+
+if TYPE_CHECKING:
+    from trainsim.capture.layerprofile import LayerProfile
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllReduceCost:
+    """Ring all-reduce time on ``world_size`` ranks over links of ``bw_gbps``."""
+
+    world_size: int = 2
+    bw_gbps: float = 1.0
+    """per-direction link bandwidth, Gbit/s"""
+    latency_us: float = 100.0
+    """per message step (one-way delay plus software), µs"""
+    efficiency: float = 1.0
+    """achieved fraction of ``bw_gbps`` (TCP/shaper overhead)"""
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.bw_gbps <= 0 or self.latency_us < 0 or not 0 < self.efficiency <= 1:
+            raise UserError(
+                f"all-reduce cost {self}: expected world_size >= 1, bw_gbps > 0, latency_us >= 0, "
+                "0 < efficiency <= 1"
+            )
+
+    def time_us(self, size_bytes: int) -> float:
+        n = self.world_size
+        if n == 1 or size_bytes <= 0:
+            return 0.0
+        # ring: 2(n-1) steps, each moving size/n bytes (reduce-scatter then all-gather)
+        wire = 2 * (n - 1) / n * size_bytes * 8 / (self.bw_gbps * self.efficiency * 1e3)
+        return wire + 2 * (n - 1) * self.latency_us
+
+
+AllReduceTime = AllReduceCost | Callable[[int], float]
+"""An all-reduce cost: the ring model, or any ``size_bytes -> µs`` (e.g. ``Calibration.predict_us``)."""
+
+
+def _cost(net: AllReduceTime) -> Callable[[int], float]:
+    return net.time_us if isinstance(net, AllReduceCost) else net
+
+
+def dp_graph(prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *, steps: int = 4) -> TaskGraph:
+    """One rank of ``OooDataParallel(k)`` for ``steps`` steps (k = 0 is DDP with a bucket per layer)."""
+    cost = _cost(net)
+    rows = prof.table(batch_size)
+    n = len(rows)
+    if not 0 <= k <= n:
+        raise UserError(f"--k {k}: model {prof.model!r} has {n} layers; expected 0 <= k <= {n}")
+    b = GraphBuilder(f"ooo-dp:k={k}")
+    cpu = b.resource("rank0:cpu", ResourceKind.CPU_THREAD)
+    chan = b.resource("allreduce", ResourceKind.COMM_CHANNEL)
+    pending: dict[int, int] = {}  # layer -> all-reduce task of the previous step
+    loss_us = prof.loss_us(batch_size)
+
+    def allreduce(i: int, step: int) -> None:
+        size = int(rows[i]["param_bytes"])
+        if size > 0:
+            pack = b.task(
+                f"pack:{rows[i]['name']}",
+                TaskKind.CPU,
+                cpu,
+                rows[i]["pack_us"],
+                step=step,
+                layer=rows[i]["name"],
+            )
+            pending[i] = b.task(
+                f"allreduce:{rows[i]['name']}",
+                TaskKind.COMM,
+                chan,
+                cost(size),
+                step=step,
+                layer=rows[i]["name"],
+                deps=[pack],
+                size_bytes=size,
+                group="dp",
+            )
+
+    def update(i: int, step: int) -> None:
+        if i in pending:
+            b.task(
+                f"update:{rows[i]['name']}",
+                TaskKind.CPU,
+                cpu,
+                rows[i]["unpack_us"] + rows[i]["opt_us"],
+                step=step,
+                layer=rows[i]["name"],
+                deps=[pending.pop(i)],
+            )
+
+    for step in range(steps):
+        for i, r in enumerate(rows):
+            update(i, step)  # deferred (i < k) updates from the previous step
+            b.task(f"F:{r['name']}", TaskKind.CPU, cpu, r["fwd_us"], step=step, layer=r["name"])
+        b.task("loss", TaskKind.CPU, cpu, loss_us, step=step)
+        for i in range(n - 1, -1, -1):
+            if i >= k:  # fused B+W, as plain backprop
+                b.task(
+                    f"BW:{rows[i]['name']}",
+                    TaskKind.CPU,
+                    cpu,
+                    rows[i]["bwd_us"],
+                    step=step,
+                    layer=rows[i]["name"],
+                )
+                allreduce(i, step)
+            else:
+                b.task(
+                    f"B:{rows[i]['name']}",
+                    TaskKind.CPU,
+                    cpu,
+                    rows[i]["bwd_input_us"],
+                    step=step,
+                    layer=rows[i]["name"],
+                )
+        for i in range(k):
+            b.task(
+                f"W:{rows[i]['name']}",
+                TaskKind.CPU,
+                cpu,
+                rows[i]["bwd_weight_us"],
+                step=step,
+                layer=rows[i]["name"],
+            )
+            allreduce(i, step)
+        for i in range(k, n):
+            update(i, step)
+    return b.build()
+
+
+def steady_step_ms(graph: TaskGraph) -> float:
+    """Mean step time after the first step: distance between the ends of consecutive steps."""
+    from trainsim.simulate.engine import simulate
+
+    res = simulate(graph)
+    steps = int(graph.step.max()) + 1
+    ends = np.array([res.end_us[graph.step == s].max() for s in range(steps)])
+    if steps == 1:
+        return float(ends[0] / 1e3)
+    return float((ends[-1] - ends[0]) / (steps - 1) / 1e3)
+
+
+def predict_dp(prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *, steps: int = 4) -> float:
+    """Predicted step time (ms) of reverse-first-k data parallelism."""
+    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps))
+
+
+def search_k(prof: LayerProfile, batch_size: int, net: AllReduceTime) -> tuple[int, dict[int, float]]:
+    """The k with the smallest predicted step time (ties: the smaller k), and every k's prediction."""
+    n = len(prof.table(batch_size))
+    pred = {k: predict_dp(prof, batch_size, k, net) for k in range(n + 1)}
+    best = min(pred, key=lambda k: (round(pred[k], 6), k))
+    return best, pred
+
+
+# ---------------------------------------------------------------------- single device, two streams
+ScheduleMap = Sequence[tuple[str, int]]
+
+
+def multistream_graph(
+    prof: LayerProfile, batch_size: int, schedule_map: ScheduleMap | None, *, steps: int = 4
+) -> TaskGraph:
+    """One device; ``schedule_map`` None = plain single-stream backprop (B, W interleaved, then updates)."""
+    rows = prof.table(batch_size)
+    n = len(rows)
+    b = GraphBuilder("multistream" if schedule_map else "single-stream")
+    main = b.resource("dev:main", ResourceKind.GPU_STREAM)
+    sub = b.resource("dev:sub", ResourceKind.GPU_STREAM) if schedule_map else main
+    if schedule_map is not None:
+        if len(schedule_map) != n:
+            raise UserError(f"schedule map has {len(schedule_map)} entries; the model has {n} layers")
+        for i, (when, j) in enumerate(schedule_map):
+            if when not in ("BWD", "FWD") or not 0 <= j < n:
+                raise UserError(
+                    f"schedule map entry {i}: ({when!r}, {j}); expected ('BWD'|'FWD', 0..{n - 1})"
+                )
+            if when == "FWD" and j > i:
+                raise UserError(
+                    f"schedule map entry {i}: ('FWD', {j}) defers W of layer {i} past its own forward"
+                )
+    deferred: dict[int, list[int]] = {}  # forward layer j -> layers whose W (+update) is issued with F(j)
+    carried: dict[int, int] = {}  # layer -> its deferred update task (must end before F of that layer)
+
+    def weight_and_update(i: int, step: int, after: int) -> int:
+        w = b.task(
+            f"W:{rows[i]['name']}",
+            TaskKind.KERNEL,
+            sub,
+            rows[i]["bwd_weight_us"],
+            step=step,
+            layer=rows[i]["name"],
+            deps=[after],
+        )
+        return b.task(
+            f"update:{rows[i]['name']}",
+            TaskKind.KERNEL,
+            sub,
+            rows[i]["opt_us"],
+            step=step,
+            layer=rows[i]["name"],
+            deps=[w],
+        )
+
+    pending_b: dict[int, int] = {}  # layer -> B task of the previous step (for deferred W)
+    for step in range(steps):
+        for i, r in enumerate(rows):
+            for d in deferred.get(i, []):
+                if d in pending_b:
+                    carried[d] = weight_and_update(d, step, pending_b.pop(d))
+            deps = [carried.pop(i)] if i in carried else []
+            b.task(
+                f"F:{r['name']}", TaskKind.KERNEL, main, r["fwd_us"], step=step, layer=r["name"], deps=deps
+            )
+        b.task("loss", TaskKind.KERNEL, main, prof.loss_us(batch_size), step=step)
+        bwd: dict[int, int] = {}
+        for i in range(n - 1, -1, -1):
+            if schedule_map is None:  # plain backprop: fused B+W
+                b.task(
+                    f"BW:{rows[i]['name']}",
+                    TaskKind.KERNEL,
+                    main,
+                    rows[i]["bwd_us"],
+                    step=step,
+                    layer=rows[i]["name"],
+                )
+                continue
+            bwd[i] = b.task(
+                f"B:{rows[i]['name']}",
+                TaskKind.KERNEL,
+                main,
+                rows[i]["bwd_input_us"],
+                step=step,
+                layer=rows[i]["name"],
+            )
+        if schedule_map is None:
+            for i in range(n):
+                b.task(
+                    f"update:{rows[i]['name']}",
+                    TaskKind.KERNEL,
+                    main,
+                    rows[i]["opt_us"],
+                    step=step,
+                    layer=rows[i]["name"],
+                )
+            continue
+        deferred = {}
+        for i, (when, j) in enumerate(schedule_map):
+            if when == "BWD":
+                carried[i] = weight_and_update(i, step, bwd[min(i, j)])  # B runs last layer first
+            else:
+                pending_b[i] = bwd[i]
+                deferred.setdefault(j, []).append(i)
+    return b.build()
+
+
+def predict_multistream(prof: LayerProfile, batch_size: int, schedule_map: ScheduleMap | None) -> float:
+    return steady_step_ms(multistream_graph(prof, batch_size, schedule_map))
+
+
+def search_schedule_map(prof: LayerProfile, batch_size: int) -> tuple[list[tuple[str, int]], float]:
+    """Greedy map: start from all ("BWD", i); try deferring each layer to ("FWD", j), keep what helps."""
+    n = len(prof.table(batch_size))
+    cur: list[tuple[str, int]] = [("BWD", i) for i in range(n)]
+    best = predict_multistream(prof, batch_size, cur)
+    for i in range(n):
+        for j in range(i + 1):
+            cand = list(cur)
+            cand[i] = ("FWD", j)
+            t = predict_multistream(prof, batch_size, cand)
+            if t < best - 1e-9:
+                best, cur = t, cand
+    return cur, best
+
+
+def describe(pred: dict[int, float]) -> list[dict[str, Any]]:
+    return [{"k": k, "predicted_ms": round(v, 3)} for k, v in sorted(pred.items())]

@@ -1,0 +1,429 @@
+"""Pipeline-parallel what-ifs built from PyTorch's own schedule objects and a single-process profile.
+
+    >>> from trainsim.capture.layerprofile import profile_layers
+    >>> from trainsim.transform.pipeline import PipeSpec, predict_pipeline
+    >>> prof = profile_layers("transformer", batch_sizes=(8,))                         # doctest: +SKIP
+    >>> spec = PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=2, microbatches=4)   # doctest: +SKIP
+    >>> predict_pipeline(prof, spec, batch_size=32, link=Link(bw_gbps=1.0)).step_ms    # doctest: +SKIP
+
+One IR, one source of truth (STYLE item 1): the per-rank action lists are torch's ``_Action`` objects
+(printed ``2F0``, ``1SEND_B3`` ..., parsed back by ``_Action.from_str``). ``lowered_order`` asks
+torch's schedule class for its compute order and lowers it with torch's ``_PipelineScheduleRuntime``
+(adding SEND/RECV, REDUCE_GRAD ...): that lowered list is exactly what ``trainsim.run.pipeline``
+executes (it hands the same compute order to the same runtime) and what ``pipeline_graph`` turns
+into tasks, one per action, in the same order on each rank's queue.
+
+Schedules (``SCHEDULES``): GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble,
+DualPipeV. 1F1B's order comes from ``ScheduleInterleaved1F1B`` with one stage per rank because
+``Schedule1F1B.pipeline_order`` in torch 2.13 is not what its executor runs (its last rank starts at
+``F1`` and ends with ``F{M}``, which ``_validate_schedule`` rejects); ``test_pipeline.py`` pins this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trainsim.errors import UserError
+from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskGraph, TaskKind
+
+if TYPE_CHECKING:
+    from trainsim.capture.layerprofile import LayerProfile
+
+
+@dataclass(frozen=True, slots=True)
+class _Sched:
+    torch_name: str  # get_schedule_class name the order comes from
+    min_spr: int  # stages per rank
+    max_spr: int
+    style: str  # stage -> rank mapping: "loop" or "v"
+
+
+SCHEDULES: dict[str, _Sched] = {
+    "GPipe": _Sched("GPipe", 1, 1, "loop"),
+    "1F1B": _Sched("Interleaved1F1B", 1, 1, "loop"),
+    "Interleaved1F1B": _Sched("Interleaved1F1B", 2, 8, "loop"),
+    "InterleavedZeroBubble": _Sched("InterleavedZeroBubble", 1, 8, "loop"),
+    "ZBVZeroBubble": _Sched("ZBVZeroBubble", 2, 2, "v"),
+    "DualPipeV": _Sched("DualPipeV", 2, 2, "v"),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipeSpec:
+    """A pipeline schedule on ``n_ranks`` processes."""
+
+    schedule: str
+    """a name in ``SCHEDULES``"""
+    n_ranks: int = 2
+    stages_per_rank: int = 1
+    """virtual stages per rank (2 for interleaved and V schedules)"""
+    microbatches: int = 4
+
+    def __post_init__(self) -> None:
+        s = SCHEDULES.get(self.schedule)
+        if s is None:
+            raise UserError(
+                f"unknown pipeline schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}"
+            )
+        if self.n_ranks < 2:
+            raise UserError(f"n_ranks={self.n_ranks}; a pipeline needs at least 2 ranks")
+        if not s.min_spr <= self.stages_per_rank <= s.max_spr:
+            need = str(s.min_spr) if s.min_spr == s.max_spr else f"{s.min_spr}..{s.max_spr}"
+            raise UserError(
+                f"schedule {self.schedule} needs {need} stage(s) per rank; got --stages-per-rank "
+                f"{self.stages_per_rank}"
+            )
+        if self.microbatches < 1:
+            raise UserError(f"microbatches={self.microbatches}; expected a positive integer")
+        if self.schedule == "DualPipeV" and self.microbatches < self.n_stages:
+            raise UserError(
+                f"DualPipeV needs at least {self.n_stages} microbatches (the number of stages); "
+                f"got {self.microbatches}"
+            )
+
+    @property
+    def n_stages(self) -> int:
+        return self.n_ranks * self.stages_per_rank
+
+    def stage_to_rank(self) -> dict[int, int]:
+        from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+        return dict(
+            generate_stage_to_rank_mapping(self.n_ranks, self.n_stages, style=SCHEDULES[self.schedule].style)
+        )
+
+
+class _MockStage:
+    """What torch's schedule constructors read from a stage, without a process group."""
+
+    def __init__(self, index: int, n_stages: int, n_ranks: int, rank: int) -> None:
+        self.stage_index = index
+        self.num_stages = n_stages
+        self.group_size = n_ranks
+        self.group_rank = rank
+        self.is_first = index == 0
+        self.is_last = index == n_stages - 1
+        self.submod = None
+        self.stage_index_to_group_rank: dict[int, int] = {}
+
+
+def _mock_loss(out: Any, target: Any) -> Any:
+    return out
+
+
+def compute_order(spec: PipeSpec) -> dict[int, list[Any]]:
+    """Per-rank compute actions (``_Action``) from torch's own schedule class, idle steps dropped."""
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    cls = get_schedule_class(SCHEDULES[spec.schedule].torch_name)
+    s2r = spec.stage_to_rank()
+    mine = [s for s in range(spec.n_stages) if s2r[s] == 0]
+    stages: Any = [_MockStage(s, spec.n_stages, spec.n_ranks, 0) for s in mine]
+    try:
+        sched = cls(
+            stages[0] if spec.stages_per_rank == 1 and spec.schedule == "GPipe" else stages,
+            spec.microbatches,
+            loss_fn=_mock_loss,
+        )
+    except ValueError as exc:
+        raise UserError(f"schedule {spec.schedule} with {spec.microbatches} microbatches: {exc}") from exc
+    order = sched.pipeline_order
+    assert order is not None
+    return {
+        r: [a for a in acts if a is not None and a.computation_type.value != "REDUCE_GRAD"]
+        for r, acts in sorted(order.items())
+    }
+
+
+def make_runtime(stages: Sequence[Any], spec: PipeSpec, loss_fn: Any) -> Any:
+    """torch's ``_PipelineScheduleRuntime`` loaded with ``compute_order(spec)``: what really runs."""
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    order = compute_order(spec)
+    rt = _PipelineScheduleRuntime(list(stages), spec.microbatches, loss_fn=loss_fn)
+    rt.pipeline_order = dict(order)
+    rt._prepare_schedule_with_comms(order)
+    return rt
+
+
+def lowered_order(spec: PipeSpec) -> dict[int, list[Any]]:
+    """Per-rank actions with communication, exactly as ``_PipelineScheduleRuntime`` executes them."""
+    s2r = spec.stage_to_rank()
+    stages = [_MockStage(s, spec.n_stages, spec.n_ranks, 0) for s in range(spec.n_stages) if s2r[s] == 0]
+    rt = make_runtime(stages, spec, _mock_loss)
+    return {r: list(a) for r, a in sorted(rt.pipeline_order_with_comms.items())}
+
+
+def format_order(order: dict[int, list[Any]]) -> str:
+    """One line per rank: ``rank 0: 0F0 0SEND_F0 ...``."""
+    return "\n".join(f"rank {r}: " + " ".join(str(a) for a in acts) for r, acts in sorted(order.items()))
+
+
+# ---------------------------------------------------------------------- stage split
+def check_split(sizes: Sequence[int], n_layers: int, n_stages: int) -> list[list[int]]:
+    """Layers of each stage from per-stage layer counts; refuse empty stages and wrong totals."""
+    sizes = list(sizes)
+    if len(sizes) != n_stages:
+        raise UserError(
+            f"--split {','.join(map(str, sizes))}: {len(sizes)} stages given, the schedule has {n_stages}"
+        )
+    if any(s < 1 for s in sizes):
+        empty = [i for i, s in enumerate(sizes) if s < 1]
+        raise UserError(
+            f"--split {','.join(map(str, sizes))}: stage {empty[0]} would be empty; "
+            "every stage needs at least one layer"
+        )
+    if sum(sizes) != n_layers:
+        raise UserError(
+            f"--split {','.join(map(str, sizes))}: covers {sum(sizes)} layers, the model has {n_layers}"
+        )
+    out, start = [], 0
+    for s in sizes:
+        out.append(list(range(start, start + s)))
+        start += s
+    return out
+
+
+def plan_split(costs_us: Sequence[float], n_stages: int) -> list[int]:
+    """Contiguous split of layers into ``n_stages`` minimising the slowest stage (exact, O(L^2 S))."""
+    n = len(costs_us)
+    if n_stages > n:
+        raise UserError(f"{n_stages} stages but the model has only {n} layers; a stage would be empty")
+    pre = np.concatenate(([0.0], np.cumsum(costs_us)))
+    best = np.full((n_stages + 1, n + 1), np.inf)
+    cut = np.zeros((n_stages + 1, n + 1), np.int64)
+    best[0, 0] = 0.0
+    for s in range(1, n_stages + 1):
+        for j in range(s, n + 1):
+            for i in range(s - 1, j):
+                v = max(best[s - 1, i], pre[j] - pre[i])
+                if v < best[s, j]:
+                    best[s, j], cut[s, j] = v, i
+    sizes, j = [], n
+    for s in range(n_stages, 0, -1):
+        i = int(cut[s, j])
+        sizes.append(j - i)
+        j = i
+    return sizes[::-1]
+
+
+# ---------------------------------------------------------------------- graph
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Link:
+    """Point-to-point link between two ranks (one direction)."""
+
+    bw_gbps: float = 10.0
+    """bandwidth, Gbit/s"""
+    latency_us: float = 50.0
+    """per-message latency, µs (one-way delay plus software)"""
+
+    def transfer_us(self, size_bytes: int) -> float:
+        return self.latency_us + size_bytes * 8 / (self.bw_gbps * 1e3)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageCosts:
+    """Per-stage, per-microbatch durations (µs) and the bytes a stage sends forward."""
+
+    fwd_us: tuple[float, ...]
+    bwd_us: tuple[float, ...]
+    """fused backward (a full-backward ``B`` action)"""
+    bwd_input_us: tuple[float, ...]
+    bwd_weight_us: tuple[float, ...]
+    opt_us: tuple[float, ...]
+    out_bytes: tuple[int, ...]
+    action_overhead_us: float = 0.0
+    """runtime bookkeeping per compute action (µs), from the profile's calibration"""
+
+
+def stage_costs(
+    prof: LayerProfile, split: list[list[int]], micro_bs: int, overhead_us: float = 0.0
+) -> StageCosts:
+    """Sum the per-layer profile at the microbatch size over each stage's layers (+ loss on the last).
+
+    As in torch's ``PipelineStage``: the first stage's input needs no gradient, so its I action does
+    nothing and its W action runs the whole (fused) backward of the stage.
+    """
+    rows = prof.table(micro_bs)
+    loss = prof.loss_us(micro_bs)
+    f, bw, b, w, o, out = [], [], [], [], [], []
+    for si, layers in enumerate(split):
+        last = si == len(split) - 1
+        f.append(sum(rows[i]["fwd_us"] for i in layers) + (loss if last else 0.0))
+        bw.append(sum(rows[i]["bwd_us"] for i in layers))
+        if si == 0:  # torch skips I on the first stage (its input needs no gradient); W is a full backward
+            b.append(0.0)
+            w.append(bw[-1])
+        else:
+            b.append(sum(rows[i]["bwd_input_us"] for i in layers))
+            w.append(sum(rows[i]["bwd_weight_us"] for i in layers))
+        o.append(sum(rows[i]["opt_us"] for i in layers))
+        out.append(int(rows[layers[-1]]["out_bytes"]))
+    return StageCosts(
+        fwd_us=tuple(f),
+        bwd_us=tuple(bw),
+        bwd_input_us=tuple(b),
+        bwd_weight_us=tuple(w),
+        opt_us=tuple(o),
+        out_bytes=tuple(out),
+        action_overhead_us=overhead_us,
+    )
+
+
+def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int = 3) -> TaskGraph:
+    """One task per action of ``lowered_order(spec)`` on each rank's queue, ``steps`` times.
+
+    Transfers run on a channel per (sender, receiver) pair and start when both the SEND and the
+    matching RECV have been posted (gloo's point-to-point rendezvous); a compute action waits for
+    the transfer it consumes. Each step ends with the rank's optimizer update.
+    """
+    order = lowered_order(spec)
+    s2r = spec.stage_to_rank()
+    b = GraphBuilder(f"pipeline:{spec.schedule}")
+    cpu = {r: b.resource(f"rank{r}:cpu", ResourceKind.CPU_THREAD) for r in order}
+    chan: dict[tuple[int, int], int] = {}
+    ov = costs.action_overhead_us
+    prev_opt: dict[int, int] = {}
+    for step in range(steps):
+        done: dict[tuple[int, str, int], int] = {}  # (stage, kind F/B/I/W, mb) -> task
+        posted: dict[tuple[str, int, int], int] = {}  # ("F"/"B", receiving stage, mb) -> RECV task
+        sends: dict[tuple[str, int, int], int] = {}  # ("F"/"B", receiving stage, mb) -> SEND task
+        xfer: dict[tuple[str, int, int], int] = {}  # ("F"/"B", receiving stage, mb) -> transfer task
+        # Pass 1: tasks on every rank in action order (deps added in pass 2, once all exist).
+        tasks: list[tuple[int, Any, int]] = []  # (rank, action, task)
+        for r, acts in order.items():
+            for a in acts:
+                t = _action_task(b, a, costs, cpu[r], step, ov)
+                tasks.append((r, a, t))
+                kind = a.computation_type.value
+                if kind in ("F", "B", "I", "W"):
+                    done[(a.stage_index, kind, a.microbatch_index)] = t
+                elif kind == "OVERLAP_F_B":
+                    for sub in a.sub_actions or ():
+                        done[(sub.stage_index, sub.computation_type.value, sub.microbatch_index)] = t
+                elif kind in ("SEND_F", "SEND_B"):
+                    dst = a.stage_index + (1 if kind == "SEND_F" else -1)
+                    sends[(kind[-1], dst, a.microbatch_index)] = t
+                elif kind in ("RECV_F", "RECV_B"):
+                    posted[(kind[-1], a.stage_index, a.microbatch_index)] = t
+            if r in prev_opt and tasks:
+                first = next(t for rr, _, t in tasks if rr == r)
+                b.edge(prev_opt[r], first)
+        for key, s_task in sends.items():
+            d, dst, mb = key
+            src_stage = dst - 1 if d == "F" else dst + 1
+            pair = (s2r[src_stage], s2r[dst])
+            if pair not in chan:
+                chan[pair] = b.resource(f"link{pair[0]}->{pair[1]}", ResourceKind.COMM_CHANNEL)
+            size = costs.out_bytes[src_stage] if d == "F" else costs.out_bytes[dst]
+            deps = [s_task] + ([posted[key]] if key in posted else [])
+            xfer[key] = b.task(
+                f"p2p_{d}{mb}",
+                TaskKind.COMM,
+                chan[pair],
+                link.transfer_us(size),
+                step=step,
+                layer=f"stage{src_stage}",
+                deps=deps,
+                size_bytes=size,
+            )
+        # Pass 2: data dependencies of compute actions.
+        for _r, a, t in tasks:
+            for sub in a.sub_actions or (a,):
+                kind, s, mb = sub.computation_type.value, sub.stage_index, sub.microbatch_index
+                if kind == "F" and s > 0:
+                    _dep(b, _first(xfer.get(("F", s, mb)), done.get((s - 1, "F", mb))), t)
+                elif kind in ("B", "I"):
+                    if s == spec.n_stages - 1:
+                        _dep(b, done.get((s, "F", mb)), t)
+                    else:
+                        up = _first(
+                            xfer.get(("B", s, mb)), done.get((s + 1, "I", mb)), done.get((s + 1, "B", mb))
+                        )
+                        _dep(b, up, t)
+                elif kind == "W":
+                    _dep(b, done.get((s, "I", mb)), t)
+                elif kind in ("SEND_F", "SEND_B"):
+                    src_kind = ("F",) if kind == "SEND_F" else ("I", "B")
+                    for k in src_kind:
+                        _dep(b, done.get((s, k, mb)), t)
+        for r in order:
+            mine = [s for s in range(spec.n_stages) if s2r[s] == r]
+            prev_opt[r] = b.task(
+                "optimizer", TaskKind.CPU, cpu[r], sum(costs.opt_us[s] for s in mine), step=step
+            )
+    return b.build()
+
+
+def _first(*vals: int | None) -> int | None:
+    return next((v for v in vals if v is not None), None)
+
+
+def _dep(b: GraphBuilder, src: int | None, dst: int) -> None:
+    if src is not None and src != dst:
+        b.edge(src, dst)
+
+
+def _action_task(b: GraphBuilder, a: Any, costs: StageCosts, res: int, step: int, ov: float) -> int:
+    subs = a.sub_actions or (a,)
+    dur = 0.0
+    for sub in subs:
+        k, s = sub.computation_type.value, sub.stage_index
+        if k == "F":
+            dur += costs.fwd_us[s] + ov
+        elif k == "B":
+            dur += costs.bwd_us[s] + ov
+        elif k == "I":
+            dur += costs.bwd_input_us[s] + ov
+        elif k == "W":
+            dur += costs.bwd_weight_us[s] + ov
+    tk = TaskKind.CPU if dur > 0 else TaskKind.RUNTIME
+    return b.task(
+        str(a),
+        tk,
+        res,
+        max(dur, 0.0),
+        step=step,
+        layer=f"stage{a.stage_index}" if a.stage_index >= 0 else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PipePrediction:
+    spec: PipeSpec
+    split: list[list[int]]
+    step_ms: float
+    graph: TaskGraph
+
+
+def predict_pipeline(
+    prof: LayerProfile,
+    spec: PipeSpec,
+    *,
+    batch_size: int,
+    link: Link,
+    split: Sequence[int] | None = None,
+    overhead_us: float = 0.0,
+    steps: int = 4,
+) -> PipePrediction:
+    """Predicted step time (ms) of ``spec`` from a single-process per-layer profile."""
+    from trainsim.simulate.engine import simulate
+
+    if batch_size % spec.microbatches:
+        raise UserError(f"--microbatches {spec.microbatches} does not divide the batch size {batch_size}")
+    micro = batch_size // spec.microbatches
+    n_layers = len(prof.layer_names)
+    if split:
+        check_split(split, n_layers, spec.n_stages)
+    rows = prof.table(micro)
+    sizes = list(split) if split else plan_split([r["fwd_us"] + r["bwd_us"] for r in rows], spec.n_stages)
+    layers = check_split(sizes, n_layers, spec.n_stages)
+    g = pipeline_graph(spec, stage_costs(prof, layers, micro, overhead_us), link, steps=steps)
+    res = simulate(g)
+    ends = np.array([res.end_us[g.step == s].max() for s in range(steps)])
+    step_ms = float((ends[-1] - ends[0]) / (steps - 1) / 1e3) if steps > 1 else float(ends[0] / 1e3)
+    return PipePrediction(spec, layers, step_ms, g)

@@ -1,0 +1,364 @@
+"""``trainsim validate compress``: predicted vs measured step time of compressed DDP on emulated links.
+
+    $ trainsim validate compress --quick
+    $ trainsim validate compress --json > compress.json
+    $ trainsim validate compress --rate 100 --algorithm onebit --algorithm topk
+
+Per link (2 network namespaces joined by a shaped veth, ``trainsim.validate.netns``), the same steps
+as ``validate dp``: profile the model alone once; calibrate the gloo all-reduce on the link
+(``trainsim.cluster.calibrate``); calibrate each algorithm's encode/decode on this machine with one
+thread, like the workers (``trainsim.compress.secopa.calibrate_codec``); predict with
+``trainsim.transform.compression.compression`` (or ``data_parallel`` for plain DDP) and the simulator;
+measure real 2-process DDP with ``trainsim.run.hooks.compress_hook`` (this module's worker); print both.
+The ``plan`` runs use a SeCoPa plan (PS topology, constants from the same calibrations) beside
+"compress everything" with the same PS scheme and plain DDP ("compress nothing").
+
+Without the rights to make namespaces it says so once and runs on unshaped loopback instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    """One harness configuration."""
+
+    model: str = "mlp"
+    """zoo model"""
+    rate_mbit: float | None = 100.0
+    """link rate (None: unshaped)"""
+    delay_ms: float = 0.0
+    """added one-way latency"""
+    algorithm: str = "none"
+    """'none' = plain DDP; else a registered algorithm"""
+    options: dict[str, Any] = field(default_factory=dict)
+    """algorithm options"""
+    scheme: str = "allgather"
+    """allgather | ps | ring"""
+    plan: bool = False
+    """use a SeCoPa plan (PS) instead of compressing every eligible gradient"""
+
+    def label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options.items())
+        algo = "plain DDP" if self.algorithm == "none" else self.algorithm + (f"({opts})" if opts else "")
+        extra = f" {self.scheme}" if self.scheme != "allgather" else ""
+        return f"{self.model} {_link(self.rate_mbit, self.delay_ms)} {algo}{extra}{' SeCoPa plan' if self.plan else ''}"
+
+
+def _runs(rate: float) -> list[RunConfig]:
+    return [
+        RunConfig(rate_mbit=rate),
+        RunConfig(rate_mbit=rate, algorithm="onebit"),
+        RunConfig(rate_mbit=rate, algorithm="topk", options={"ratio": 0.01}),
+        RunConfig(rate_mbit=rate, algorithm="onebit", scheme="ps"),
+        RunConfig(rate_mbit=rate, algorithm="onebit", scheme="ps", plan=True),
+    ]
+
+
+FULL: tuple[RunConfig, ...] = tuple(itertools.chain.from_iterable(_runs(r) for r in (20.0, 100.0, 1000.0)))
+QUICK: tuple[RunConfig, ...] = (RunConfig(rate_mbit=100.0), RunConfig(rate_mbit=100.0, algorithm="onebit"))
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    config: RunConfig
+    predicted_ms: float
+    measured_ms: float
+    measured_steps_ms: list[float]
+    where: str
+    params_in_sync: bool = True
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "predicted_ms": round(self.predicted_ms, 3),
+            "measured_ms": round(self.measured_ms, 3),
+            "error_pct": round(self.error_pct, 2),
+            "measured_steps_ms": [round(x, 3) for x in self.measured_steps_ms],
+            "where": self.where,
+            "params_in_sync": self.params_in_sync,
+        }
+
+
+def _link(rate: float | None, delay: float) -> str:
+    return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
+
+
+def summary(results: list[RunResult]) -> dict[str, Any]:
+    errs = [abs(r.error_pct) for r in results]
+    return {
+        "runs": [r.to_json() for r in results],
+        "mean_abs_error_pct": round(sum(errs) / len(errs), 2) if errs else None,
+        "max_abs_error_pct": round(max(errs), 2) if errs else None,
+    }
+
+
+def _plan_file(
+    c: RunConfig, cost: Any, link: Any, names: list[tuple[str, int]], shapes: dict[str, Any], wd: Path
+) -> Path:
+    from trainsim.compress.secopa import plan_gradients
+    from trainsim.transform.compression import _secopa_constants
+
+    consts = _secopa_constants(cost, link, 2)
+    eligible = [(n, k) for n, k in names if len(shapes[n]) >= 2 and k >= 1024]
+    plan = plan_gradients(eligible, c.algorithm, cost.fits["ratio"], consts, topology="ps", world_size=2,
+                          options=dict(c.options))  # fmt: skip
+    path = wd / f"plan-{c.algorithm}-{c.rate_mbit}.yaml"
+    plan.save(path)
+    return path
+
+
+def _contention(model: str, steps: int, world: int) -> tuple[float, float]:
+    """(alone, together): step time of ``model``'s one-process loop run alone and with ``world``
+    copies at once, measured back to back (alone, together, alone) so that both see the same load."""
+    import torch.multiprocessing as mp
+
+    from trainsim.validate.dp import _plain_step_ms
+
+    ctx = mp.get_context("spawn")
+    alone: list[float] = []
+    together: list[float] = []
+    for n, out in ((1, alone), (world, together), (1, alone)):
+        with ctx.Pool(n) as pool:
+            out.extend(pool.starmap(_plain_step_ms, [(model, steps)] * n))
+    return float(statistics.mean(alone)), float(statistics.mean(together))
+
+
+def run_harness(
+    configs: list[RunConfig],
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    reps: int = 3,
+    log: Callable[[str], None] = lambda s: None,
+) -> tuple[list[RunResult], list[str]]:
+    """Profile, calibrate, predict and measure every configuration; return results and notes."""
+    from trainsim.cluster.calibrate import calibrate, default_sizes
+    from trainsim.compress.secopa import Plan
+    from trainsim.graph.ir import TaskKind
+    from trainsim.models.zoo import build
+    from trainsim.simulate.engine import simulate
+    from trainsim.transform.compression import CodecCost, CompressConfig, compression
+    from trainsim.transform.dataparallel import dp_step_ms
+    from trainsim.transform.primitives import scale
+    from trainsim.validate.dp import RunConfig as DPRun
+    from trainsim.validate.dp import _profile, predict_ms
+    from trainsim.validate.launch import launch
+    from trainsim.validate.netns import Netns, netns_unavailable
+
+    notes: list[str] = []
+    reason = netns_unavailable()
+    if reason is not None:
+        notes.append(f"network namespaces unavailable ({reason}); running on unshaped loopback")
+    tmp = tempfile.TemporaryDirectory(prefix="trainsim-compress-")
+    wd = Path(tmp.name)
+    try:
+        profiled, shapes, names = {}, {}, {}
+        for model in sorted({c.model for c in configs}):
+            log(f"profiling {model} (one process, one thread)")
+            prof = _profile(model, wd, steps=max(5, steps))
+            # the 2 ranks share this machine's cores: time the same loop in 2 processes at once and
+            # stretch the profile's CPU tasks by the slowdown (a real cluster gives each rank its own)
+            alone, both = _contention(model, max(5, steps), 2)
+            factor = max(1.0, both / alone) if alone > 0 else 1.0
+            log(f"  one process {alone:.1f} ms/step, two at once {both:.1f} ms/step: x{factor:.2f}")
+            g = scale(prof.graph, prof.graph.kind == TaskKind.CPU, factor)
+            profiled[model] = dataclasses.replace(prof, graph=g, plain_ms=prof.plain_ms * factor)
+            net_model, _ = build(model)
+            shapes[model] = {n: tuple(p.shape) for n, p in net_model.named_parameters()}
+            names[model] = [(n, p.numel()) for n, p in net_model.named_parameters()]
+        costs: dict[str, Any] = {}
+        for c in configs:
+            key = json.dumps([c.algorithm, c.options], sort_keys=True)
+            if c.algorithm != "none" and key not in costs:
+                log(f"calibrating {c.algorithm} encode/decode (2 processes at once, one thread each)")
+                costs[key] = CodecCost.calibrate(c.algorithm, concurrent=2, **c.options)  # as the 2 ranks run
+        results: list[RunResult] = []
+        by_link: dict[tuple[float | None, float], list[RunConfig]] = {}
+        for c in configs:
+            by_link.setdefault((c.rate_mbit, c.delay_ms) if reason is None else (None, 0.0), []).append(c)
+        for (rate, delay), group in by_link.items():
+            max_msg = max(max(profiled[c.model].bucket_bytes) for c in group)
+            sizes = sorted({*default_sizes(max_msg), max_msg})  # as validate dp: up to the largest bucket
+            net_cm = Netns(2, rate_mbit=rate, delay_ms=delay) if reason is None else None
+            with net_cm if net_cm is not None else contextlib.nullcontext() as net:
+                log(f"calibrating gloo all-reduce on {_link(rate, delay)} ({len(sizes)} sizes)")
+                cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net)
+                for c in group:
+                    prof = profiled[c.model]
+                    wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
+                                            "scheme": c.scheme, "steps": steps, "warmup": warmup}  # fmt: skip
+                    if c.algorithm == "none":
+                        pred = predict_ms(
+                            prof, DPRun(model=c.model, rate_mbit=rate, delay_ms=delay), cal.predict_us
+                        )
+                    else:
+                        cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
+                        plan = None
+                        if c.plan:
+                            path = _plan_file(c, cost, cal.link, names[c.model], shapes[c.model], wd)
+                            plan = Plan.load(path)
+                            wcfg["plan"] = str(path)
+                        ccfg = CompressConfig(
+                            algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan
+                        )
+                        g2 = compression(
+                            prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link
+                        )
+                        pred = dp_step_ms(simulate(g2).step_ms, "ddp")
+                    log(f"running {c.label()} (predicted {pred:.1f} ms)")
+                    out = launch(
+                        2, ["-m", "trainsim.validate.compress", json.dumps(wcfg)], net=net, timeout_s=600
+                    )
+                    data = json.loads(out[0].strip().splitlines()[-1])
+                    meas = [float(x) for x in data["step_ms"]]
+                    res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
+                                    bool(data.get("params_in_sync", True)))  # fmt: skip
+                    if not res.params_in_sync:
+                        notes.append(f"{c.label()}: ranks ended with different weights")
+                    log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+                    results.append(res)
+        return results, notes
+    finally:
+        tmp.cleanup()
+
+
+@click.command("compress")
+@click.option("--quick", is_flag=True, help="2 runs at 100 Mbit/s (about a minute)")
+@click.option("--rate", "rates", type=float, multiple=True, help="link rate(s) in Mbit/s for a custom set")
+@click.option(
+    "--algorithm", "algorithms", multiple=True, help="algorithm(s) for a custom set ('none' = plain DDP)"
+)
+@click.option("--model", default="mlp", show_default=True, help="zoo model")
+@click.option("--steps", type=int, default=5, show_default=True, help="measured steps per run")
+@click.option("--warmup", type=int, default=2, show_default=True, help="warm-up steps per run")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def compress_command(
+    quick: bool, rates: tuple[float, ...], algorithms: tuple[str, ...], model: str, steps: int, warmup: int,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Predict compressed-DDP step times from a one-process profile, then run them on shaped links."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainsim.compress import make_codec
+    from trainsim.models.zoo import MODELS
+
+    if steps < 1 or warmup < 1:
+        raise UserError(f"validate compress: steps={steps}, warmup={warmup}; expected >= 1 each")
+    if model not in MODELS:
+        raise UserError(
+            f"validate compress: unknown model {model!r}; expected one of {', '.join(sorted(MODELS))}"
+        )
+    if rates or algorithms:
+        for a in algorithms:
+            if a != "none":
+                make_codec(a)
+        configs = [RunConfig(model=model, rate_mbit=r, algorithm=a) for r in (rates or (100.0,))
+                   for a in (algorithms or ("none", "onebit"))]  # fmt: skip
+    else:
+        configs = [RunConfig(**{**asdict(c), "model": model}) for c in (QUICK if quick else FULL)]
+    err = Console(stderr=True)
+    t0 = time.monotonic()
+    results, notes = run_harness(
+        configs, steps=3 if quick else steps, warmup=warmup, reps=2 if quick else 3,
+        log=(lambda s: None) if as_json else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+    )  # fmt: skip
+    for n in notes:
+        err.print(f"[yellow]note:[/] {n}")
+    out = summary(results)
+    if as_json:
+        click.echo(json.dumps({**out, "notes": notes}))
+        return
+    table = Table(title="validate compress: predicted vs measured step time")
+    for col in ("run", "predicted ms", "measured ms", "error"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for r in results:
+        table.add_row(
+            r.config.label(), f"{r.predicted_ms:.1f}", f"{r.measured_ms:.1f}", f"{r.error_pct:+.1f}%"
+        )
+    Console().print(table)
+    click.echo(f"mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%")
+
+
+# ---- the worker: one rank of compressed DDP (python -m trainsim.validate.compress JSON) ----------
+
+
+def worker(cfg: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from trainsim.models.zoo import ZooSpec, build_with_batches
+    from trainsim.run.hooks import CompressionState, hook_for
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model, batch = build_with_batches(cfg["model"], seed=0, spec=ZooSpec(batch_size=32))
+    net = DDP(model)
+    algo = cfg["algorithm"]
+    if algo != "none":
+        plan = None
+        if cfg.get("plan"):
+            from trainsim.compress.secopa import Plan
+
+            plan = Plan.load(cfg["plan"])
+        state = CompressionState(algo, model=model, scheme=cfg.get("scheme", "allgather"), plan=plan,
+                                 **cfg.get("options", {}))  # fmt: skip
+        net.register_comm_hook(state, hook_for(algo))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    warmup, steps = int(cfg["warmup"]), int(cfg["steps"])
+    starts = []
+    for step in range(warmup + steps + 1):
+        starts.append(time.perf_counter())
+        x, y = batch(step * 1000 + rank)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+    step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
+    t = torch.tensor(step_ms, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    check = torch.tensor(
+        [sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64
+    )
+    both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(both, check)
+    in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
+    if rank == 0:
+        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync}), flush=True)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or "RANK" not in os.environ:
+        print(
+            "usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m trainsim.validate.compress JSON"
+        )
+        sys.exit(2)
+    worker(json.loads(sys.argv[1]))
+    sys.stdout.flush()
+    os._exit(0)  # skip gloo teardown (its threads can abort at exit on torch 2.13)

@@ -1,0 +1,386 @@
+"""``trainsim validate dp``: predict data-parallel step times from a single-process profile, then measure.
+
+    $ trainsim validate dp --quick
+    $ trainsim validate dp --json > dp.json
+    $ trainsim validate dp --model mlp --rate 100 --delay 5 --mode ddp --mode p3
+
+Per configuration ``(model, link rate, added latency, mode)``:
+
+1. **profile** one rank alone (``trainsim.capture.profile``: Kineto trace + parameter sidecar, one
+   thread), once per model, and turn it into a task graph (``trainsim.graph.build.load_trace``); time
+   the same loop without the profiler (its overhead is scaled out) and, unless ``--no-corun``, with one
+   copy per rank running at once and no communication (ranks that share a host share its cores, caches
+   and memory bandwidth: the *co-run factor*, a property of the host like the link is of the network);
+2. **emulate the network**: 2 network namespaces joined by veth links shaped with tc
+   (``trainsim.validate.netns``); **calibrate** the gloo all-reduce on it (``trainsim.cluster.calibrate``),
+   once per link;
+3. **predict**: ``trainsim.transform.dataparallel.data_parallel`` adds DDP buckets (or P3 slices) timed
+   by the calibrated model to the single-process graph; ``trainsim.simulate.engine.simulate`` replays it;
+4. **measure**: real training, one gloo process per namespace (``trainsim.validate.dp_worker``: torch DDP,
+   or the P3-style runtime), median step time after warm-up;
+5. print both and the error. Everything it creates is removed at the end, also on Ctrl-C.
+
+Without the rights to make namespaces it says so once and runs on unshaped loopback instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    """One harness configuration."""
+
+    model: str
+    """zoo model"""
+    rate_mbit: float | None
+    """link rate (None: unshaped)"""
+    delay_ms: float = 0.0
+    """added one-way latency"""
+    mode: str = "ddp"
+    """ddp | p3"""
+    world: int = 2
+    """processes (one thread each)"""
+    slice_bytes: int = 1 << 20
+    """P3 slice size"""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("ddp", "p3"):
+            raise UserError(f"validate dp: mode={self.mode!r}; expected ddp or p3")
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise UserError(f"validate dp: rate={self.rate_mbit!r} Mbit/s; expected > 0")
+        if not self.delay_ms >= 0:
+            raise UserError(f"validate dp: delay={self.delay_ms!r} ms; expected >= 0")
+        if self.world < 2:
+            raise UserError(f"validate dp: world={self.world}; expected >= 2 processes")
+
+    @property
+    def link_key(self) -> tuple[float | None, float, int]:
+        return (self.rate_mbit, self.delay_ms, self.world)
+
+    def label(self) -> str:
+        rate = "unshaped" if self.rate_mbit is None else f"{self.rate_mbit:g}Mbit"
+        return f"{self.model} {rate} +{self.delay_ms:g}ms {self.mode} x{self.world}"
+
+
+# The full set: two comm-heavy and one compute-heavier model, 20 Mbit/s .. 1 Gbit/s, with and without
+# latency, DDP and the P3-style runtime. mlp (9.5 MB of gradients) stays >= 100 Mbit/s to bound time.
+FULL: tuple[RunConfig, ...] = (
+    RunConfig(model="mlp", rate_mbit=1000, mode="ddp"),
+    RunConfig(model="mlp", rate_mbit=200, mode="ddp"),
+    RunConfig(model="mlp", rate_mbit=200, mode="p3"),
+    RunConfig(model="mlp", rate_mbit=100, delay_ms=5, mode="ddp"),
+    RunConfig(model="mlp", rate_mbit=100, delay_ms=5, mode="p3"),
+    RunConfig(model="cnn", rate_mbit=1000, mode="ddp"),
+    RunConfig(model="cnn", rate_mbit=100, mode="ddp"),
+    RunConfig(model="cnn", rate_mbit=100, mode="p3"),
+    RunConfig(model="cnn", rate_mbit=20, mode="ddp"),
+    RunConfig(model="cnn", rate_mbit=20, delay_ms=10, mode="ddp"),
+    RunConfig(model="cnn", rate_mbit=20, delay_ms=10, mode="p3"),
+    RunConfig(model="transformer", rate_mbit=100, delay_ms=2, mode="ddp"),
+    RunConfig(model="transformer", rate_mbit=20, mode="ddp"),
+    RunConfig(model="transformer", rate_mbit=20, mode="p3"),
+)
+QUICK: tuple[RunConfig, ...] = (
+    RunConfig(model="mlp", rate_mbit=200, mode="ddp"),
+    RunConfig(model="cnn", rate_mbit=200, mode="ddp"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    config: RunConfig
+    predicted_ms: float
+    measured_ms: float
+    measured_steps_ms: list[float]
+    calibrated: dict[str, float]
+    where: str
+    single_ms: dict[str, float]
+    params_in_sync: bool = True
+    predicted_alone_ms: float = float("nan")
+    """prediction without the co-run factor (the single-process profile only)"""
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "predicted_ms": round(self.predicted_ms, 3),
+            "measured_ms": round(self.measured_ms, 3),
+            "error_pct": round(self.error_pct, 2),
+            "measured_steps_ms": [round(x, 3) for x in self.measured_steps_ms],
+            "calibrated": self.calibrated,
+            "where": self.where,
+            "single_process_ms": self.single_ms,
+            "params_in_sync": self.params_in_sync,
+            "predicted_alone_ms": round(self.predicted_alone_ms, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Profiled:
+    graph: Any
+    params: Any
+    layers: list[str]
+    buffer_bytes: int
+    bucket_bytes: list[int]
+    traced_ms: float
+    """median profiled step time (with the profiler's overhead)"""
+    plain_ms: float
+    """median step time of the same loop without the profiler"""
+    corun_ms: float
+    """median step time of the plain loop with one copy per rank running at once"""
+    graph_alone: Any
+    """the graph without the co-run factor"""
+
+
+def _plain_step_ms(model: str, steps: int) -> float:
+    """Median step time of the same single-process loop as the profile, without the profiler."""
+    import torch
+
+    from trainsim.capture.profile import load_model
+
+    torch.set_num_threads(1)
+    net, batch = load_model(model, 32, 0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    starts = []
+    for step in range(2 + steps + 1):
+        starts.append(time.perf_counter())
+        x, y = batch(step)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()
+    return float(statistics.median((b - a) * 1e3 for a, b in itertools.pairwise(starts[2:])))
+
+
+def _corun_step_ms(model: str, world: int, steps: int) -> float:
+    """Median step time of the plain loop when ``world`` copies run at once (no communication)."""
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": model, "mode": "plain", "steps": steps, "warmup": 2})
+    outs = launch(world, ["-m", "trainsim.validate.dp_worker", cfg], net=None, timeout_s=300)
+    per_rank = [statistics.median(json.loads(o.strip().splitlines()[-1])["step_ms"]) for o in outs]
+    return float(statistics.median(per_rank))
+
+
+def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool = True) -> _Profiled:
+    """Profile ``model`` alone and build its graph (see the module docstring, step 1).
+
+    CPU task durations are scaled by (plain step time / profiled step time), which removes the profiler's
+    own overhead, and, with ``corun``, by (co-run step time / plain step time): ranks that share a host
+    share its cores, caches and memory bandwidth, measured by running ``world`` copies of the plain loop
+    at once without any communication. Both ratios are kept in the result for the report.
+    """
+    import numpy as np
+
+    from trainsim.capture.profile import ProfileConfig, profile, sidecar_path
+    from trainsim.graph.build import load_trace
+    from trainsim.graph.ir import TaskKind
+    from trainsim.models.zoo import build
+    from trainsim.transform.dataparallel import ddp_buckets, read_params
+    from trainsim.transform.primitives import scale
+
+    trace = profile(ProfileConfig(model=model, steps=steps, warmup=2, threads=1, out=str(workdir / f"{model}.json.gz")))
+    g = load_trace(trace)
+    traced_ms = float(np.median(g.steps.measured_us)) / 1e3 if g.steps.ids.size else 0.0
+    plain_ms = _plain_step_ms(model, steps)
+    corun_ms = _corun_step_ms(model, world, steps) if corun else plain_ms
+    alone = g
+    if traced_ms > 0:
+        alone = scale(g, g.kind == TaskKind.CPU, min(1.0, plain_ms / traced_ms))
+        g = scale(g, g.kind == TaskKind.CPU, min(1.0, plain_ms / traced_ms) * corun_ms / plain_ms)
+    params, layers = read_params(sidecar_path(trace))
+    m, _ = build(model)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in m.buffers())
+    buckets = ddp_buckets([p.size_bytes for p in params])
+    return _Profiled(g, params, layers, buffer_bytes, [sum(params[i].size_bytes for i in b) for b in buckets],
+                     traced_ms, plain_ms, corun_ms, alone)  # fmt: skip
+
+
+def predict_ms(
+    prof: _Profiled, cfg: RunConfig, comm_us: Callable[[float], float], *, mode: str | None = None, alone: bool = False
+) -> float:
+    """Predicted steady-state step time of ``cfg`` from the single-process profile (``mode`` overrides
+    ``cfg.mode``, e.g. ``"bytescheduler"``, which has a model but no runtime here; ``alone``: without the
+    co-run factor)."""
+    from trainsim.simulate.engine import simulate
+    from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms
+
+    m = mode or cfg.mode
+    dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes)
+    g = data_parallel(
+        prof.graph_alone if alone else prof.graph, prof.params, prof.layers, dpc,
+        comm_us=lambda b: comm_us(b),
+        broadcast_us=lambda b: comm_us(b) / 2,  # two ranks: one message instead of the ring's two steps
+    )  # fmt: skip
+    return dp_step_ms(simulate(g).step_ms, m)
+
+
+def run_harness(
+    configs: tuple[RunConfig, ...] | list[RunConfig],
+    *,
+    steps: int = 6,
+    warmup: int = 3,
+    reps: int = 5,
+    log: Callable[[str], None] = lambda s: None,
+    workdir: Path | None = None,
+    torchrun: bool = False,
+    corun: bool = True,
+) -> tuple[list[RunResult], list[str]]:
+    """Profile, calibrate, predict and measure every configuration; return results and notes.
+    ``torchrun``: start the training ranks with ``python -m torch.distributed.run``; ``corun=False``:
+    predict from the single-process profile alone (no co-run factor)."""
+    from trainsim.cluster.calibrate import calibrate, default_sizes
+    from trainsim.validate.launch import launch
+    from trainsim.validate.netns import Netns, netns_unavailable
+
+    notes: list[str] = []
+    reason = netns_unavailable()
+    if reason is not None:
+        notes.append(f"network namespaces unavailable ({reason}); running on unshaped loopback")
+    tmp = tempfile.TemporaryDirectory(prefix="trainsim-dp-")
+    wd = workdir or Path(tmp.name)
+    try:
+        profiled: dict[tuple[str, int], _Profiled] = {}
+        for model, world in sorted({(c.model, c.world) for c in configs}):
+            log(f"profiling {model} (one process, one thread; then {world} plain copies at once)")
+            profiled[model, world] = _profile(model, wd, steps=max(5, steps), world=world, corun=corun)
+        results: list[RunResult] = []
+        by_link: dict[tuple[float | None, float, int], list[RunConfig]] = {}
+        for c in configs:
+            by_link.setdefault(c.link_key if reason is None else (None, 0.0, c.world), []).append(c)
+        for (rate, delay, world), group in by_link.items():
+            max_msg = max(max(profiled[c.model, c.world].bucket_bytes) if c.mode == "ddp" else c.slice_bytes for c in group)
+            sizes = sorted({*default_sizes(max_msg), max_msg})
+            net_cm = Netns(world, rate_mbit=rate, delay_ms=delay) if reason is None else None
+            with net_cm if net_cm is not None else contextlib.nullcontext() as net:
+                log(f"calibrating gloo all-reduce on {_link(rate, delay)} ({len(sizes)} sizes)")
+                cal = calibrate(world=world, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net)
+                where = cal.where
+                for c in group:
+                    prof = profiled[c.model, c.world]
+                    pred = predict_ms(prof, c, cal.predict_us)
+                    pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
+                    log(f"running {c.label()} (predicted {pred:.1f} ms)")
+                    wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup,
+                            "slice_bytes": c.slice_bytes}  # fmt: skip
+                    out = launch(world, ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)], net=net,
+                                 timeout_s=600, torchrun=torchrun)  # fmt: skip
+                    data = json.loads(out[0].strip().splitlines()[-1])
+                    meas = [float(x) for x in data["step_ms"]]
+                    res = RunResult(
+                        c, pred, float(statistics.median(meas)), meas,
+                        {"a_us": round(cal.a_us, 2), "b_us_per_byte": cal.b_us_per_byte, "floor_us": round(cal.floor_us, 2),
+                         "bw_gbps": cal.link.bw_gbps, "alpha_us": cal.link.latency_us},
+                        where,
+                        {"profiled": round(prof.traced_ms, 3), "plain": round(prof.plain_ms, 3),
+                         "corun": round(prof.corun_ms, 3)},
+                        bool(data.get("params_in_sync", True)),
+                        pred_alone,
+                    )  # fmt: skip
+                    if not res.params_in_sync:
+                        notes.append(f"{c.label()}: ranks ended with different weights (gradient sync is broken)")
+                    log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+                    results.append(res)
+        return results, notes
+    finally:
+        tmp.cleanup()
+
+
+def _link(rate: float | None, delay: float) -> str:
+    return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
+
+
+def summary(results: list[RunResult]) -> dict[str, Any]:
+    errs = [abs(r.error_pct) for r in results]
+    return {
+        "runs": [r.to_json() for r in results],
+        "mean_abs_error_pct": round(sum(errs) / len(errs), 2) if errs else None,
+        "max_abs_error_pct": round(max(errs), 2) if errs else None,
+    }
+
+
+@click.command("dp")
+@click.option("--quick", is_flag=True, help="a short subset (2 runs, under a minute)")
+@click.option("--model", "models", multiple=True, help="zoo model(s) for a custom set (mlp, cnn, transformer)")
+@click.option("--rate", "rates", type=float, multiple=True, help="link rate(s) in Mbit/s for a custom set")
+@click.option("--delay", "delays", type=float, multiple=True, help="added one-way latency(ies) in ms")
+@click.option("--mode", "modes", type=click.Choice(["ddp", "p3"]), multiple=True, help="ddp and/or p3")
+@click.option("--steps", type=int, default=6, show_default=True, help="measured steps per run")
+@click.option("--warmup", type=int, default=3, show_default=True, help="warm-up steps per run")
+@click.option("--torchrun", is_flag=True, help="start the training ranks with torchrun (slower start)")
+@click.option("--no-corun", is_flag=True, help="predict from the one-process profile alone (no co-run factor)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def dp_command(
+    quick: bool,
+    models: tuple[str, ...],
+    rates: tuple[float, ...],
+    delays: tuple[float, ...],
+    modes: tuple[str, ...],
+    steps: int,
+    warmup: int,
+    torchrun: bool,
+    no_corun: bool,
+    as_json: bool,
+) -> None:
+    """Predict DDP step times from a one-process profile, then run real 2-process DDP on shaped links."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if steps < 1 or warmup < 2:
+        raise UserError(f"validate dp: steps={steps}, warmup={warmup}; expected steps >= 1, warmup >= 2")
+    if models or rates or delays or modes:
+        configs = [
+            RunConfig(model=m, rate_mbit=r, delay_ms=d, mode=mo)
+            for m in (models or ("mlp",)) for r in (rates or (100.0,)) for d in (delays or (0.0,))
+            for mo in (modes or ("ddp",))
+        ]  # fmt: skip
+    else:
+        configs = list(QUICK if quick else FULL)
+    from trainsim.models.zoo import MODELS
+
+    for c in configs:
+        if c.model not in MODELS:
+            raise UserError(f"validate dp: unknown model {c.model!r}; expected one of {', '.join(sorted(MODELS))}")
+    err = Console(stderr=True)
+    t0 = time.monotonic()
+    results, notes = run_harness(
+        configs, steps=4 if quick else steps, warmup=2 if quick else warmup, reps=3 if quick else 5,
+        log=(lambda s: None) if as_json else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+        torchrun=torchrun,
+        corun=not no_corun,
+    )  # fmt: skip
+    for n in notes:
+        err.print(f"[yellow]note:[/] {n}")
+    out = summary(results)
+    if as_json:
+        click.echo(json.dumps({**out, "notes": notes}))
+        return
+    table = Table(title="validate dp: predicted vs measured step time")
+    for col in ("model", "link", "mode", "predicted ms", "measured ms", "error"):
+        table.add_column(col, justify="right" if "ms" in col or col == "error" else "left")
+    for r in results:
+        c = r.config
+        table.add_row(c.model, _link(c.rate_mbit, c.delay_ms), c.mode, f"{r.predicted_ms:.1f}",
+                      f"{r.measured_ms:.1f}", f"{r.error_pct:+.1f}%")  # fmt: skip
+    Console().print(table)
+    click.echo(f"mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%")

@@ -1,0 +1,244 @@
+"""One rank of a real data-parallel training run (started by ``trainsim validate dp``, one per namespace).
+
+    $ RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... \\
+      python -m trainsim.validate.dp_worker '{"model": "mlp", "mode": "ddp", "steps": 6, "warmup": 3}'
+
+Modes:
+
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` with its defaults (25 MiB buckets, 1 MiB first
+  bucket, buffers broadcast before each forward) over gloo, SGD with momentum.
+- ``plain``: the single-process training loop with no communication at all (no process group); the
+  harness runs one copy per rank at once to measure how much co-running ranks slow each other down.
+- ``p3``: a P3-style runtime (Jayarajan et al., MLSys'19): each layer's gradients are copied out as soon
+  as autograd has accumulated them and cut into ``slice_bytes`` slices; one communication thread
+  all-reduces the slices one at a time, always the *input-most* layer's slice among those ready on every
+  rank; the next step's forward of a layer waits only for that layer's slices, then applies the layer's
+  SGD update (``P3Runtime``).
+
+Prints one JSON line on rank 0: ``{"step_ms": [...], ...}`` (wall time between consecutive step starts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+
+class P3Runtime:
+    """Priority-ordered, sliced gradient all-reduce with per-layer updates (see the module docstring).
+
+    Ranks must agree on which slice to send next without a round trip. Every all-reduce carries, after
+    the slice, one counter per rank (the number of slices that rank had queued); after the SUM each rank
+    knows the minimum, so the next pick is "the highest-priority unsent slice among the first ``agreed``
+    queued ones" (queue order is the same on every rank: backward order), or the first unsent one.
+    """
+
+    def __init__(self, model: Any, lr: float, slice_bytes: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.layers = [(name, m) for name, m in model.named_children() if any(True for _ in m.parameters())]
+        self.opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for _, m in self.layers]
+        self.slice_elems = max(1, slice_bytes // 4)
+        # --- state shared with the communication thread (guarded by cond)
+        self.cond = threading.Condition()
+        self.queue: list[tuple[int, int, int, int]] = []  # (layer, slice, start, stop) in queue order
+        self.sent: set[int] = set()
+        self.flat: dict[int, Any] = {}  # layer -> flat gradient copy being reduced
+        self.left: dict[int, int] = {}  # layer -> slices not yet reduced
+        self.ready = [threading.Event() for _ in self.layers]
+        self.total_steps = 0
+        self.stop = False
+        self.error: BaseException | None = None
+        # --- per-step bookkeeping on the main thread
+        self.pending_grads: dict[int, int] = {}
+        self.first_step = True
+        for li, (_, m) in enumerate(self.layers):
+            for p in m.parameters():
+                p.register_post_accumulate_grad_hook(lambda _p, li=li: self._grad_ready(li))
+            m.register_forward_pre_hook(lambda _m, _a, li=li: self._before_forward(li))
+        self.thread = threading.Thread(target=self._comm_loop, daemon=True)
+        self.thread.start()
+
+    # ---------------------------------------------------------------- main thread
+    def begin_step(self) -> None:
+        self.pending_grads = {li: sum(1 for _ in m.parameters()) for li, (_, m) in enumerate(self.layers)}
+
+    def _grad_ready(self, li: int) -> None:
+        self.pending_grads[li] -= 1
+        if self.pending_grads[li]:
+            return
+        torch = self.torch
+        params = list(self.layers[li][1].parameters())
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        n = flat.numel()
+        with self.cond:
+            self.flat[li] = flat
+            starts = list(range(0, n, self.slice_elems))
+            self.left[li] = len(starts)
+            for j, s in enumerate(starts):
+                self.queue.append((li, j, s, min(n, s + self.slice_elems)))
+            self.cond.notify_all()
+
+    def _before_forward(self, li: int) -> None:
+        if self.first_step:
+            return
+        self.ready[li].wait()
+        self._raise()
+        self.ready[li].clear()
+        params = list(self.layers[li][1].parameters())
+        flat = self.flat.pop(li)
+        off = 0
+        for p in params:
+            k = p.numel()
+            p.grad = flat[off : off + k].view_as(p).div_(self.world)
+            off += k
+        self.opts[li].step()
+
+    def end_step(self) -> None:
+        self.first_step = False
+
+    def finish(self) -> None:
+        """Wait for the last step's slices, apply them, stop the thread."""
+        for li in range(len(self.layers)):
+            self._before_forward(li)
+        with self.cond:
+            self.stop = True
+            self.cond.notify_all()
+        self.thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"P3 communication thread failed: {self.error!r}")
+
+    # ---------------------------------------------------------------- communication thread
+    def _comm_loop(self) -> None:
+        torch, dist = self.torch, self.dist
+        agreed = 0
+        try:
+            while True:
+                with self.cond:
+                    while True:
+                        if self.stop and len(self.sent) == len(self.queue):
+                            return
+                        cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
+                        if cand:
+                            pick = min(cand, key=lambda k: (self.queue[k][0], k))
+                            break
+                        nxt = next((k for k in range(len(self.queue)) if k not in self.sent), None)
+                        if nxt is not None:
+                            pick = nxt
+                            break
+                        self.cond.wait()
+                    li, _, s, e = self.queue[pick]
+                    progress = len(self.queue)
+                    flat = self.flat[li]
+                buf = torch.zeros(e - s + self.world)
+                buf[: e - s] = flat[s:e]
+                buf[e - s + self.rank] = float(progress)
+                dist.all_reduce(buf)
+                flat[s:e] = buf[: e - s]
+                agreed = int(buf[e - s :].min().item())
+                with self.cond:
+                    self.sent.add(pick)
+                    self.left[li] -= 1
+                    if self.left[li] == 0:
+                        self.ready[li].set()
+        except BaseException as exc:  # surfaced on the main thread
+            self.error = exc
+            for ev in self.ready:
+                ev.set()
+
+
+def main(cfg: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from trainsim.models.zoo import ZooSpec, build_with_batches
+
+    torch.set_num_threads(int(cfg.get("threads", 1)))
+    spec = ZooSpec(batch_size=int(cfg.get("batch_size", 32)))
+    model, batch = build_with_batches(cfg["model"], seed=int(cfg.get("seed", 0)), spec=spec)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    lr = float(cfg.get("lr", 0.01))
+    mode = cfg.get("mode", "ddp")
+    warmup, steps = int(cfg.get("warmup", 3)), int(cfg.get("steps", 6))
+    if mode == "plain":  # no communication: the single-process loop, to time co-running copies of it
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        marks = []
+        for step in range(warmup + steps + 1):
+            marks.append(time.perf_counter())
+            x, y = batch(step)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            loss.detach().item()
+        print(json.dumps({"step_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]}), flush=True)
+        return
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    starts: list[float] = []
+    extra: dict[str, Any] = {}
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model)
+        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+        for step in range(warmup + steps + 1):
+            starts.append(time.perf_counter())
+            x, y = batch(step * 1000 + rank)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            loss.detach().item()
+        data = net._get_ddp_logging_data()
+        extra = {k: data.get(k) for k in ("rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices")}
+    elif mode == "p3":
+        # same initial weights on every rank (DDP broadcasts them; here rank 0's are broadcast once)
+        for p in model.parameters():
+            dist.broadcast(p.data, 0)
+        rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)))
+        for step in range(warmup + steps + 1):
+            starts.append(time.perf_counter())
+            x, y = batch(step * 1000 + rank)
+            rt.begin_step()
+            for p in model.parameters():
+                p.grad = None
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            rt.end_step()
+            loss.detach().item()
+        rt.finish()
+    else:
+        raise SystemExit(f"dp_worker: unknown mode {mode!r}")
+    step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
+    t = torch.tensor(step_ms, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    # every rank must hold the same weights after training: a check that gradients were synchronised
+    check = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
+    both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(both, check)
+    in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
+    if rank == 0:
+        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, **extra}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or "RANK" not in os.environ:
+        print("usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m trainsim.validate.dp_worker JSON")
+        sys.exit(2)
+    main(json.loads(sys.argv[1]))
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: gloo/DDP threads can abort in static destructors after the work is done

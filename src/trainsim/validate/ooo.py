@@ -1,0 +1,278 @@
+"""``trainsim validate ooo-dp``: reverse-first-k data parallelism, predicted and measured on shaped links.
+
+    $ trainsim validate ooo-dp --quick
+    $ trainsim validate ooo-dp --model transformer --blocks 4 --rate 1000 --k 3 --json
+
+Per configuration ``(model, link rate, added latency)``:
+
+1. **profile** one process alone: per-layer F/B/W/update times (``trainsim.capture.layerprofile``);
+2. **emulate the network**: 2 namespaces, veth links shaped with tc (``trainsim.validate.netns``);
+   **calibrate** gloo's all-reduce on them (``trainsim.cluster.calibrate``);
+3. **predict** the step time of k = 0 (DDP order, one bucket per layer) and of ``k`` (given, or the
+   simulator's best: ``trainsim.transform.ooo.search_k``);
+4. **measure** both with ``trainsim.run.ooo_dp`` (one gloo process per namespace, median step), and
+   torch's own DDP as a reference line;
+5. print predictions, measurements, errors and the speed-up. Without namespaces it says so and runs on
+   unshaped loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OooCase:
+    """One link and model; both k = 0 and the chosen k run on it."""
+
+    model: str = "transformer"
+    blocks: int = 4
+    """transformer blocks / mlp depth"""
+    batch_size: int = 32
+    rate_mbit: float | None = 1000.0
+    delay_ms: float = 0.0
+    k: int | None = None
+    """None: the simulator's best k"""
+
+    def zoo(self) -> dict[str, int]:
+        return (
+            {"blocks": self.blocks}
+            if self.model == "transformer"
+            else ({"depth": self.blocks} if self.model == "mlp" else {})
+        )
+
+
+QUICK = (OooCase(model="transformer", blocks=4, rate_mbit=1000.0),)
+FULL = (
+    OooCase(model="transformer", blocks=4, rate_mbit=1000.0),
+    OooCase(model="transformer", blocks=4, rate_mbit=500.0),
+    OooCase(model="cnn", rate_mbit=100.0),
+)
+
+
+def link_label(rate: float | None, delay: float) -> str:
+    return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
+
+
+@contextlib.contextmanager
+def emulated_link(
+    rate_mbit: float | None, delay_ms: float, notes: list[str]
+) -> Iterator[tuple[Any, Any, str]]:
+    """``(net or None, popen, master address)``: two shaped namespaces, or loopback with a note."""
+    from trainsim.run.ranks import local_popen
+    from trainsim.validate.netns import Netns, netns_unavailable
+
+    reason = netns_unavailable()
+    if reason is not None:
+        notes.append(f"network namespaces unavailable ({reason}); ran on unshaped loopback")
+        yield None, local_popen, "127.0.0.1"
+        return
+    with Netns(2, rate_mbit=rate_mbit, delay_ms=delay_ms) as net:
+
+        def popen(rank: int, argv: list[str], **kw: Any) -> Any:
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=net.ifname, OMP_NUM_THREADS="1")
+            return net.popen(rank, argv, env=env, **kw)
+
+        yield net, popen, net.addr(0)
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    errs = [abs(r["error_pct"]) for r in runs]
+    return {
+        "runs": runs,
+        "mean_abs_error_pct": round(sum(errs) / len(errs), 2) if errs else None,
+        "max_abs_error_pct": round(max(errs), 2) if errs else None,
+    }
+
+
+def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "config": config,
+        "predicted_ms": round(pred, 3),
+        "measured_ms": round(meas, 3),
+        "error_pct": round(100 * (pred - meas) / meas, 2),
+        **extra,
+    }
+
+
+def run_ooo_validation(
+    cases: tuple[OooCase, ...] | list[OooCase],
+    *,
+    steps: int = 12,
+    warmup: int = 3,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    from trainsim.capture.layerprofile import profile_layers
+    from trainsim.cluster.calibrate import calibrate
+    from trainsim.run.ooo_dp import DpRunConfig, check_k, run_dp
+    from trainsim.transform.ooo import predict_dp, search_k
+
+    notes: list[str] = []
+    runs: list[dict[str, Any]] = []
+    speedups: list[dict[str, Any]] = []
+    for case in cases:
+        log(f"profiling {case.model} (one process, one thread)")
+        prof = profile_layers(case.model, batch_sizes=(case.batch_size,), reps=20, zoo=case.zoo())
+        rows = prof.table(case.batch_size)
+        if case.k is not None:
+            check_k(case.k, len(rows), case.model)
+        sizes = sorted({int(r["param_bytes"]) for r in rows if r["param_bytes"] > 0} | {1024})
+        with emulated_link(case.rate_mbit, case.delay_ms, notes) as (net, popen, master):
+            log(f"calibrating gloo all-reduce on {link_label(case.rate_mbit, case.delay_ms)}")
+            cal = calibrate(
+                world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=sizes, reps=5, net=net
+            )
+            if case.k is None:
+                k, _ = search_k(prof, case.batch_size, cal.predict_us)
+            else:
+                k = case.k
+            base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup)
+            measured: dict[str, float] = {}
+            for label, kk in (("ddp-order", 0), ("reverse-first-k", k)):
+                pred = predict_dp(prof, case.batch_size, kk, cal.predict_us)
+                log(f"running {case.model} k={kk} ({label}), predicted {pred:.1f} ms")
+                res = run_dp(
+                    DpRunConfig(mode="ooo", k=kk, **_zoo_fields(case), **base),  # type: ignore[arg-type]
+                    popen=popen,
+                    master=master,
+                    port=random.randint(20000, 60000),
+                )
+                measured[label] = res["step_ms"]
+                cfg = {
+                    "model": case.model,
+                    "rate_mbit": case.rate_mbit,
+                    "delay_ms": case.delay_ms,
+                    "k": kk,
+                    "mode": label,
+                    "batch_size": case.batch_size,
+                }
+                runs.append(
+                    _row(
+                        cfg,
+                        pred,
+                        res["step_ms"],
+                        {
+                            "measured_min_ms": round(res["step_min_ms"], 3),
+                            "calibrated_a_us": round(cal.a_us, 1),
+                            "calibrated_b_us_per_byte": cal.b_us_per_byte,
+                        },
+                    )
+                )
+                log(f"  measured {res['step_ms']:.1f} ms")
+            log("running torch DDP (reference, not predicted)")
+            ref = run_dp(
+                DpRunConfig(mode="ddp", **_zoo_fields(case), **base),  # type: ignore[arg-type]
+                popen=popen,
+                master=master,
+                port=random.randint(20000, 60000),
+            )
+            p0 = runs[-2]["predicted_ms"]
+            pk = runs[-1]["predicted_ms"]
+            speedups.append(
+                {
+                    "model": case.model,
+                    "rate_mbit": case.rate_mbit,
+                    "delay_ms": case.delay_ms,
+                    "k": k,
+                    "predicted_speedup": round(p0 / pk, 3),
+                    "measured_speedup": round(measured["ddp-order"] / measured["reverse-first-k"], 3),
+                    "measured_speedup_vs_torch_ddp": round(ref["step_ms"] / measured["reverse-first-k"], 3),
+                    "torch_ddp_ms": round(ref["step_ms"], 3),
+                }
+            )
+    return {**summary(runs), "speedups": speedups, "notes": notes}
+
+
+def _zoo_fields(case: OooCase) -> dict[str, Any]:
+    return {"zoo_blocks": case.blocks} if case.model in ("transformer", "mlp") else {}
+
+
+@click.command("ooo-dp")
+@click.option("--quick", is_flag=True, help="one configuration, short runs")
+@click.option("--model", type=click.Choice(["mlp", "cnn", "transformer"]), help="zoo model for a custom case")
+@click.option("--blocks", type=int, default=4, show_default=True, help="transformer blocks / mlp depth")
+@click.option("--rate", type=float, help="link rate, Mbit/s (custom case)")
+@click.option("--delay", type=float, default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--k", type=int, help="layers reordered (default: the simulator's best k)")
+@click.option("--steps", type=int, default=12, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def ooo_dp_command(
+    quick: bool,
+    model: str | None,
+    blocks: int,
+    rate: float | None,
+    delay: float,
+    k: int | None,
+    steps: int,
+    as_json: bool,
+) -> None:
+    """Predict and measure reverse-first-k data parallelism against the DDP order on shaped links."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if steps < 1:
+        raise UserError(f"validate ooo-dp: --steps {steps}; expected >= 1")
+    if k is not None and k < 0:
+        raise UserError(f"validate ooo-dp: --k {k}; expected >= 0")
+    if model or rate or k is not None:
+        cases: tuple[OooCase, ...] = (
+            OooCase(
+                model=model or "transformer", blocks=blocks, rate_mbit=rate or 1000.0, delay_ms=delay, k=k
+            ),
+        )
+    else:
+        cases = QUICK if quick else FULL
+    if any(c.k is not None for c in cases):  # bad k: refuse before anything starts
+        from trainsim.run.ooo_dp import check_k, zoo_layer_count
+
+        for c in cases:
+            if c.k is not None:
+                check_k(c.k, zoo_layer_count(c.model, c.batch_size, c.zoo()), c.model)
+    err = Console(stderr=True)
+    t0 = time.monotonic()
+    out = run_ooo_validation(
+        cases,
+        steps=6 if quick else steps,
+        warmup=2 if quick else 3,
+        log=(lambda s: None)
+        if as_json
+        else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+    )
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for n in out["notes"]:
+        err.print(f"[yellow]note:[/] {n}")
+    table = Table(title="validate ooo-dp: predicted vs measured step time")
+    for col in ("model", "link", "order", "k", "predicted ms", "measured ms", "error"):
+        table.add_column(col)
+    for r in out["runs"]:
+        c = r["config"]
+        table.add_row(
+            c["model"],
+            link_label(c["rate_mbit"], c["delay_ms"]),
+            c["mode"],
+            str(c["k"]),
+            f"{r['predicted_ms']:.1f}",
+            f"{r['measured_ms']:.1f}",
+            f"{r['error_pct']:+.1f}%",
+        )
+    Console().print(table)
+    for s in out["speedups"]:
+        click.echo(
+            f"{s['model']} {link_label(s['rate_mbit'], s['delay_ms'])} k={s['k']}: speed-up over DDP order "
+            f"predicted {s['predicted_speedup']}x, measured {s['measured_speedup']}x "
+            f"(vs torch DDP {s['measured_speedup_vs_torch_ddp']}x)"
+        )
+    click.echo(f"mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%")

@@ -1,0 +1,281 @@
+"""``trainsim validate pipeline``: every pipeline schedule on 2 processes, predicted and measured.
+
+    $ trainsim validate pipeline --quick
+    $ trainsim validate pipeline --microbatches 4 --microbatches 8 --json
+
+1. **profile** the model in one process at each microbatch size (``trainsim.capture.layerprofile``),
+   and the pipeline runtime's own cost per action, also in one process
+   (``pipeline_action_overhead_us``: torch's runtime on one stage vs the per-layer calls, paired);
+2. **plan** the stage split from that profile (``trainsim.transform.pipeline.plan_split``);
+3. **emulate the network** (2 shaped namespaces) and **calibrate** gloo on it; a point-to-point
+   transfer of S bytes is taken as half the fixed cost of a 2-rank all-reduce plus its per-byte cost
+   (both move S bytes per rank; the all-reduce in two steps);
+4. **predict** each schedule by replaying the lowered action order of torch's own schedule object;
+5. **measure** it with ``trainsim.run.pipeline`` (the same order, executed by torch's runtime);
+6. report errors, and whether the predicted ranking of schedules matches the measured one wherever
+   the measured gap exceeds ``--rank-gap`` percent.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+
+SCHEDULE_SET: tuple[tuple[str, int], ...] = (
+    ("GPipe", 1),
+    ("1F1B", 1),
+    ("InterleavedZeroBubble", 1),
+    ("Interleaved1F1B", 2),
+    ("ZBVZeroBubble", 2),
+    ("DualPipeV", 2),
+)
+"""(schedule, stages per rank) measured by default: single-stage and two-stage (interleaved, V) ones."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipeCase:
+    model: str = "transformer"
+    blocks: int = 6
+    batch_size: int = 32
+    microbatches: tuple[int, ...] = (4, 8, 16)
+    schedules: tuple[tuple[str, int], ...] = SCHEDULE_SET
+    rate_mbit: float | None = 1000.0
+    delay_ms: float = 0.0
+
+    def zoo(self) -> dict[str, int]:
+        return (
+            {"blocks": self.blocks}
+            if self.model == "transformer"
+            else ({"depth": self.blocks} if self.model == "mlp" else {})
+        )
+
+
+QUICK = PipeCase(microbatches=(4,), schedules=(("GPipe", 1), ("1F1B", 1), ("ZBVZeroBubble", 2)))
+FULL = PipeCase()
+
+
+def check_case(case: PipeCase) -> None:
+    """Refuse bad input before any process starts."""
+    from trainsim.run.pipeline import PipeRunConfig
+
+    for m in case.microbatches:
+        for name, spr in case.schedules:
+            PipeRunConfig(
+                model=case.model,
+                schedule=name,
+                stages_per_rank=spr,
+                microbatches=m,
+                batch_size=case.batch_size,
+                blocks=case.blocks,
+            )
+
+
+def ranking_check(rows: list[dict[str, Any]], gap_pct: float) -> dict[str, Any]:
+    """Pairs of schedules (same microbatches) whose measured gap > gap_pct: is the predicted order the same?"""
+    pairs, wrong = 0, []
+    by_m: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_m.setdefault(r["config"]["microbatches"], []).append(r)
+    for m, rs in by_m.items():
+        for i, a in enumerate(rs):
+            for b in rs[i + 1 :]:
+                lo, hi = sorted((a["measured_ms"], b["measured_ms"]))
+                if 100 * (hi - lo) / lo <= gap_pct:
+                    continue
+                pairs += 1
+                if (a["measured_ms"] < b["measured_ms"]) != (a["predicted_ms"] < b["predicted_ms"]):
+                    wrong.append(f"M={m}: {a['config']['label']} vs {b['config']['label']}")
+    return {"gap_pct": gap_pct, "pairs_checked": pairs, "pairs_misranked": wrong, "ranking_ok": not wrong}
+
+
+def run_pipeline_validation(
+    case: PipeCase,
+    *,
+    steps: int = 8,
+    warmup: int = 2,
+    rank_gap_pct: float = 5.0,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    from trainsim.capture.layerprofile import pipeline_action_overhead_us, profile_layers
+    from trainsim.cluster.calibrate import calibrate
+    from trainsim.run.pipeline import PipeRunConfig, run_pipeline
+    from trainsim.transform.pipeline import Link, PipeSpec, predict_pipeline
+    from trainsim.validate.ooo import emulated_link, link_label, summary
+
+    check_case(case)
+    micro = sorted({case.batch_size // m for m in case.microbatches})
+    log(f"profiling {case.model} at microbatch sizes {micro} (one process, one thread)")
+    prof = profile_layers(case.model, batch_sizes=tuple(micro), reps=20, zoo=case.zoo())
+    overhead = {
+        m: pipeline_action_overhead_us(prof, case.batch_size // m, microbatches=m, zoo=case.zoo())
+        for m in case.microbatches
+    }
+    log("runtime overhead per action (us): " + ", ".join(f"M={m}: {v:.0f}" for m, v in overhead.items()))
+    notes: list[str] = []
+    runs: list[dict[str, Any]] = []
+    with emulated_link(case.rate_mbit, case.delay_ms, notes) as (net, popen, master):
+        out_bytes = sorted({int(r["out_bytes"]) for b in micro for r in prof.table(b)} | {1024})
+        log(f"calibrating gloo on {link_label(case.rate_mbit, case.delay_ms)}")
+        cal = calibrate(
+            world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=out_bytes, reps=5, net=net
+        )
+        # p2p of S bytes ~ one step of the 2-rank ring: a/2 fixed, b per byte (see module docstring)
+        link = Link(bw_gbps=8 / (cal.b_us_per_byte * 1e3), latency_us=cal.a_us / 2)
+        for m in case.microbatches:
+            for name, spr in case.schedules:
+                spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
+                pred = predict_pipeline(
+                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m]
+                )
+                sizes = tuple(len(s) for s in pred.split)
+                label = f"{name}/{spr}"
+                log(f"running {label} M={m} split {sizes}, predicted {pred.step_ms:.1f} ms")
+                res = run_pipeline(
+                    PipeRunConfig(
+                        model=case.model,
+                        schedule=name,
+                        stages_per_rank=spr,
+                        microbatches=m,
+                        batch_size=case.batch_size,
+                        split=sizes,
+                        blocks=case.blocks,
+                        steps=steps,
+                        warmup=warmup,
+                    ),
+                    popen=popen,
+                    master=master,
+                    port=random.randint(20000, 60000),
+                )
+                meas = res["step_ms"]
+                log(f"  measured {meas:.1f} ms ({100 * (pred.step_ms - meas) / meas:+.1f}%)")
+                runs.append(
+                    {
+                        "config": {
+                            "label": label,
+                            "schedule": name,
+                            "stages_per_rank": spr,
+                            "microbatches": m,
+                            "split": list(sizes),
+                            "model": case.model,
+                            "blocks": case.blocks,
+                            "batch_size": case.batch_size,
+                            "rate_mbit": case.rate_mbit,
+                            "delay_ms": case.delay_ms,
+                        },
+                        "predicted_ms": round(pred.step_ms, 3),
+                        "measured_ms": round(meas, 3),
+                        "error_pct": round(100 * (pred.step_ms - meas) / meas, 2),
+                        "measured_min_ms": round(res["step_min_ms"], 3),
+                        "action_overhead_us": round(overhead[m], 1),
+                    }
+                )
+    return {
+        **summary(runs),
+        "ranking": ranking_check(runs, rank_gap_pct),
+        "notes": notes,
+        "link": {"bw_gbps": link.bw_gbps, "latency_us": link.latency_us},
+    }
+
+
+@click.command("pipeline")
+@click.option("--quick", is_flag=True, help="3 schedules at 4 microbatches, short runs")
+@click.option("--microbatches", "mbs", type=int, multiple=True, help="microbatch counts (default 4, 8, 16)")
+@click.option(
+    "--schedule", "schedules", multiple=True, help="SCHEDULE or SCHEDULE/STAGES_PER_RANK (default: all)"
+)
+@click.option("--blocks", type=int, default=6, show_default=True, help="transformer blocks")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--rate", type=float, default=1000.0, show_default=True, help="link rate, Mbit/s")
+@click.option("--delay", type=float, default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--steps", type=int, default=8, show_default=True)
+@click.option(
+    "--rank-gap", type=float, default=5.0, show_default=True, help="ranking checked above this gap, %"
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def pipeline_command(
+    quick: bool,
+    mbs: tuple[int, ...],
+    schedules: tuple[str, ...],
+    blocks: int,
+    batch_size: int,
+    rate: float,
+    delay: float,
+    steps: int,
+    rank_gap: float,
+    as_json: bool,
+) -> None:
+    """Predict and measure GPipe, 1F1B, interleaved and zero-bubble schedules on 2 processes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainsim.validate.ooo import link_label
+
+    if steps < 1:
+        raise UserError(f"validate pipeline: --steps {steps}; expected >= 1")
+    base = QUICK if quick else FULL
+    scheds = tuple(_parse_schedule(s) for s in schedules) or base.schedules
+    case = PipeCase(
+        model="transformer",
+        blocks=blocks,
+        batch_size=batch_size,
+        microbatches=mbs or base.microbatches,
+        schedules=scheds,
+        rate_mbit=rate,
+        delay_ms=delay,
+    )
+    check_case(case)
+    err = Console(stderr=True)
+    t0 = time.monotonic()
+    out = run_pipeline_validation(
+        case,
+        steps=5 if quick else steps,
+        warmup=2,
+        rank_gap_pct=rank_gap,
+        log=(lambda s: None)
+        if as_json
+        else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+    )
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for n in out["notes"]:
+        err.print(f"[yellow]note:[/] {n}")
+    table = Table(title=f"validate pipeline ({link_label(rate, delay)}): predicted vs measured step time")
+    for col in ("schedule", "M", "split", "predicted ms", "measured ms", "error"):
+        table.add_column(col)
+    for r in out["runs"]:
+        c = r["config"]
+        table.add_row(
+            c["label"],
+            str(c["microbatches"]),
+            ",".join(map(str, c["split"])),
+            f"{r['predicted_ms']:.1f}",
+            f"{r['measured_ms']:.1f}",
+            f"{r['error_pct']:+.1f}%",
+        )
+    Console().print(table)
+    rk = out["ranking"]
+    click.echo(
+        f"ranking (gap > {rk['gap_pct']}%): {rk['pairs_checked']} pairs, misranked: {rk['pairs_misranked'] or 'none'}"
+    )
+    click.echo(f"mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%")
+
+
+def _parse_schedule(text: str) -> tuple[str, int]:
+    from trainsim.transform.pipeline import SCHEDULES
+
+    name, _, spr = text.partition("/")
+    if name not in SCHEDULES:
+        raise UserError(f"--schedule {text!r}: unknown schedule; expected one of {', '.join(SCHEDULES)}")
+    try:
+        return name, int(spr) if spr else SCHEDULES[name].min_spr
+    except ValueError as exc:
+        raise UserError(f"--schedule {text!r}: expected SCHEDULE or SCHEDULE/STAGES_PER_RANK") from exc

@@ -1,0 +1,66 @@
+"""Bad input to the cluster commands: one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainsim.cli.main import main
+
+
+def _trace(tmp_path: Path, params: list[dict[str, object]]) -> Path:
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": []}')
+    (tmp_path / "t.trainsim.json").write_text(json.dumps({"model": "x", "layers": ["a"], "params": params}))
+    return trace
+
+
+def _cluster(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(body)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("body", "extra", "match"),
+    [
+        ('nodes = 2\ndevice = "gpu9000"\n', [], "unknown device"),
+        ('nodes = 2\ninter_link = "eth-3g"\n', [], "unknown link"),
+        ("nodes = 2\ninter_link = { bw_gbps = 0 }\n", [], "bandwidth"),
+        ("nodes = 2\ninter_link = { bw_gbps = -1 }\n", [], "bandwidth"),
+        ("nodes = 2\ndevices_per_node = 2\n", ["--ranks", "5"], "5 ranks requested"),
+    ],
+)
+def test_scaleout_bad_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, extra: list[str], match: str
+) -> None:
+    trace = _trace(tmp_path, [{"name": "a.w", "layer": "a", "numel": 4, "bytes": 16}])
+    code = main(["scaleout", str(trace), "--cluster", str(_cluster(tmp_path, body)), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and err.count("\n") == 1
+
+
+def test_scaleout_trace_without_params(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _trace(tmp_path, [])
+    assert main(["scaleout", str(trace), "--cluster", str(_cluster(tmp_path, "nodes = 2\n"))]) == 2
+    assert "no parameters" in capsys.readouterr().err
+
+
+def test_calibrate_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--rate", "0"]) == 2
+    assert main(["calibrate", "--delay", "-2"]) == 2
+    assert main(["calibrate", "--max-bytes", "lots"]) == 2
+    assert "expected" in capsys.readouterr().err
+
+
+def test_scaleout_on_a_real_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainsim.capture.profile import ProfileConfig, profile
+
+    trace = profile(ProfileConfig(model="cnn", steps=3, warmup=1, out=str(tmp_path / "cnn.json.gz")))
+    body = 'nodes = 2\ndevice = "this-cpu"\ninter_link = "eth-1g"\n'
+    assert main(["scaleout", str(trace), "--cluster", str(_cluster(tmp_path, body)), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 0.52 MB of gradients over 1 Gbit/s adds at least ~4 ms to a step
+    assert out["ranks"] == 2 and out["predicted_ms"] > out["single_ms"] + 3

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainsim.cluster.calibrate import Calibration, calibrate, default_sizes, fit_alpha_beta, fit_model
+from trainsim.errors import UserError
+
+
+def test_fit_recovers_constants() -> None:
+    sizes = np.array(default_sizes(16 << 20))
+    a, b = 300.0, 0.08  # us, us per byte (~100 Mbit/s ring on 2 ranks)
+    a2, b2, link = fit_alpha_beta(sizes, a + b * sizes, world=2)
+    assert (a2, b2) == pytest.approx((a, b))
+    # ring on 2 ranks: a = 2 alpha, b = 1 / bandwidth
+    assert link.latency_us == pytest.approx(150.0)
+    assert link.bw_gbps * 1e3 == pytest.approx(1 / b)
+    with pytest.raises(UserError):
+        fit_alpha_beta(np.array([1024]), np.array([5.0]), world=2)
+
+
+def test_fit_with_latency_floor() -> None:
+    # measured on 100 Mbit/s + 5 ms (gloo, 2 processes): handshakes dominate small messages only
+    s = np.array([1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20])
+    t = np.array([22438, 22129, 22506, 22157, 23784, 90779, 343934.0])
+    a, b, floor = fit_model(s, t)
+    err = (a + np.maximum(floor, b * s)) / t - 1
+    assert np.abs(err).max() < 0.05 and floor > 15_000
+    a0, b0, f0 = fit_model(s, t, with_floor=False)
+    assert f0 == 0.0 and np.abs((a0 + b0 * s) / t - 1).max() > 0.10  # a line cannot do it
+    # on a line the floor stays out of the way
+    line = 300.0 + 0.08 * s
+    a2, b2, f2 = fit_model(s, line)
+    assert np.abs((a2 + np.maximum(f2, b2 * s)) / line - 1).max() < 0.01
+
+
+def test_json_round_trip() -> None:
+    sizes = [1024, 4096]
+    a, b, link = fit_alpha_beta(np.array(sizes), np.array([110.0, 140.0]), world=2)
+    cal = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=sizes, measured_us=[110.0, 140.0],
+                      a_us=a, b_us_per_byte=b, link=link)  # fmt: skip
+    back = Calibration.from_json(cal.to_json())
+    assert back.predict_us(2048) == pytest.approx(cal.predict_us(2048))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(UserError):
+        calibrate(world=1)
+    with pytest.raises(UserError):
+        calibrate(reps=0)
+
+
+@pytest.mark.multiproc
+def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainsim.validate import netns
+
+    monkeypatch.setattr(netns, "netns_unavailable", lambda: "forced for the test")
+    cal = calibrate(world=2, max_bytes=64 << 10, reps=2)
+    assert cal.where == "loopback" and len(cal.measured_us) == len(default_sizes(64 << 10))
+    assert all(t > 0 for t in cal.measured_us)

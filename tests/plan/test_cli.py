@@ -1,0 +1,87 @@
+"""The CLI's JSON contract and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainsim.cli.main import main
+
+KEYS = {"step_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "memory_gib_per_gpu", "fits", "breakdown"}
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_estimate_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(
+        ["estimate", "--arch", "gpt", "--layers", "96", "--hidden", "12288", "--heads", "96", "--seq", "2048",
+         "--vocab", "51200", "--global-batch", "1536", "--gpu", "a100-80gb", "--gpus", "1024", "--tp", "8",
+         "--pp", "8", "--schedule", "interleaved", "--recompute", "full", "--json"],
+        capsys,
+    )
+    assert rc == 0
+    d = json.loads(out)
+    assert set(d) >= KEYS
+    assert d["fits"] is True and d["strategy"]["dp"] == 16
+    assert 0 < d["mfu"] < 1 and d["model_tflops_per_gpu"] < d["hardware_tflops_per_gpu"]
+    assert set(d["breakdown"]) >= {"compute", "tp_comm", "pp_p2p", "pipeline_bubble", "dp_sync_exposed", "optimizer"}
+
+
+def test_estimate_llama_gqa_and_cluster_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "c.yaml"
+    f.write_text("groups:\n  - {gpu: h100, count: 16, gpus_per_node: 8}\n")
+    rc, out, _ = _run(["estimate", "--model", "llama2-70b", "--global-batch", "64", "--cluster", str(f), "--tp", "8",
+                       "--pp", "2", "--recompute", "selective", "--sequence-parallel", "--zero", "1", "--json"], capsys)
+    assert rc == 0
+    assert set(json.loads(out)) >= KEYS
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["--gpus", "1000", "--tp", "8", "--pp", "8"], "does not divide --gpus 1000"),
+        (["--gpus", "1024", "--tp", "7", "--pp", "1"], "does not divide"),
+        (["--gpus", "1024", "--tp", "64", "--pp", "1"], "tp=64 does not divide heads=96"),
+        (["--gpus", "1024", "--tp", "16", "--pp", "1"], "exceeds gpus per node"),
+        (["--gpus", "1024", "--gpu", "tpu-v4", "--tp", "8"], "unknown GPU 'tpu-v4'"),
+    ],
+)
+def test_estimate_bad_input_exit_2(args: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "--model", "gpt3-175b", "--global-batch", "1536", "--gpu", "a100-80gb"]
+    rc, _, err = _run(base + args, capsys)
+    assert rc == 2
+    assert msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_json_and_fit_error(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(["plan", "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16", "--global-batch", "64",
+                       "--top", "3", "--json"], capsys)
+    assert rc == 0
+    d = json.loads(out)
+    assert len(d["plans"]) == 3 and set(d["plans"][0]) >= KEYS
+    assert d["plans"][0]["simulated_step_s"] is not None
+    rc, _, err = _run(["plan", "--model", "gpt3-175b", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch", "64"],
+                      capsys)
+    assert rc == 2 and "cannot fit" in err
+
+
+def test_plan_heterogeneous_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(["plan", "--model", "gpt3-1.3b", "--gpu-group", "h100:8", "--gpu-group", "a100-80gb:8",
+                       "--global-batch", "32", "--method", "dp", "--top", "2", "--no-simulate", "--json"], capsys)
+    assert rc == 0
+    assert json.loads(out)["method"] == "dp"
+
+
+def test_module_docstring_examples_run() -> None:
+    import doctest
+
+    from trainsim.plan import devices, estimate, memory, optime, workload
+
+    for mod in (devices, workload, optime, memory, estimate):
+        res = doctest.testmod(mod)
+        assert res.failed == 0, mod.__name__

@@ -1,0 +1,46 @@
+"""The reverse-first-k wrapper updates weights exactly as torch's DDP does; bad k is refused early."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from trainsim.errors import UserError
+from trainsim.run.ooo_dp import DpRunConfig, run_dp
+from trainsim.run.ranks import RankFailed
+
+
+def test_k_larger_than_layers_is_refused_before_any_process() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="has 4 layers"):
+        run_dp(DpRunConfig(model="mlp", mode="ooo", k=5))
+    assert time.monotonic() - t0 < 10
+
+
+def test_bad_config() -> None:
+    with pytest.raises(UserError, match="mode"):
+        DpRunConfig(mode="zero")
+    with pytest.raises(UserError, match="k=-1"):
+        DpRunConfig(k=-1)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("model,k", [("mlp", 2), ("mlp", 4), ("transformer", 3), ("cnn", 2)])
+def test_ooo_equals_ddp(model: str, k: int) -> None:
+    common = dict(model=model, steps=3, warmup=0, batch_size=8, save_params=True)
+    ddp = run_dp(DpRunConfig(mode="ddp", **common))  # type: ignore[arg-type]
+    ooo = run_dp(DpRunConfig(mode="ooo", k=k, **common))  # type: ignore[arg-type]
+    np.testing.assert_allclose(ooo["losses"], ddp["losses"], rtol=1e-6)
+    for rank in range(2):
+        for a, b in zip(ooo["ranks"][rank]["params"], ddp["ranks"][rank]["params"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multiproc
+def test_crashed_rank_stops_the_run_and_is_named() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 1 exited with code 3"):
+        run_dp(DpRunConfig(model="mlp", mode="ooo", k=2, steps=50, crash_rank=1, timeout_s=30))
+    assert time.monotonic() - t0 < 60

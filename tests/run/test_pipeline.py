@@ -1,0 +1,80 @@
+"""Real pipeline runs on 2 gloo processes execute the simulator's order and train like one process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainsim.errors import UserError
+from trainsim.run.pipeline import PipeRunConfig, run_pipeline
+from trainsim.run.ranks import RankFailed
+from trainsim.transform.pipeline import lowered_order
+
+
+def test_bad_input_is_refused_before_any_process() -> None:
+    with pytest.raises(UserError, match="does not divide the batch size 32"):
+        PipeRunConfig(microbatches=5)
+    with pytest.raises(UserError, match="stage 1 would be empty"):
+        PipeRunConfig(split=(5, 0), blocks=2)
+    with pytest.raises(UserError, match="needs 2 stage"):
+        PipeRunConfig(schedule="ZBVZeroBubble", stages_per_rank=1)
+    with pytest.raises(UserError, match="covers 4 layers, the model has 5"):
+        PipeRunConfig(split=(2, 2), blocks=2)
+    with pytest.raises(UserError, match="only 5 layers"):
+        PipeRunConfig(schedule="Interleaved1F1B", stages_per_rank=4, microbatches=8, blocks=2)
+
+
+def _plain_first_loss(blocks: int) -> float:
+    import torch
+    from torch import nn
+
+    from trainsim.models.zoo import ZooSpec, build_with_batches
+
+    model, batches = build_with_batches("transformer", seed=0, spec=ZooSpec(batch_size=16, blocks=blocks))
+    x, y = batches(0)
+    with torch.no_grad():
+        return float(nn.CrossEntropyLoss()(model(x), y))
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
+    "schedule,spr,split",
+    [("1F1B", 1, (3, 3)), ("ZBVZeroBubble", 2, (2, 1, 1, 2)), ("Interleaved1F1B", 2, (2, 1, 1, 2))],
+)
+def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: tuple[int, ...]) -> None:
+    cfg = PipeRunConfig(
+        model="transformer",
+        blocks=3,
+        schedule=schedule,
+        stages_per_rank=spr,
+        microbatches=4,
+        batch_size=16,
+        split=split,
+        steps=2,
+        warmup=0,
+    )
+    res = run_pipeline(cfg)
+    want = lowered_order(cfg.pipe_spec())
+    for r in range(2):
+        assert res["ranks"][r]["order"] == [str(a) for a in want[r]]
+    # microbatch losses average to the full-batch loss of the unsplit model (step 0, before any update)
+    assert res["losses"][0] == pytest.approx(_plain_first_loss(3), rel=1e-5)
+
+
+@pytest.mark.multiproc
+def test_crashed_rank_stops_the_pipeline_and_is_named() -> None:
+    t0 = time.monotonic()
+    cfg = PipeRunConfig(
+        model="transformer",
+        blocks=2,
+        schedule="GPipe",
+        microbatches=4,
+        batch_size=16,
+        steps=20,
+        crash_rank=0,
+        timeout_s=20,
+    )
+    with pytest.raises(RankFailed, match="rank 0 exited with code 3"):
+        run_pipeline(cfg)
+    assert time.monotonic() - t0 < 60

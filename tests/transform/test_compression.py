@@ -1,0 +1,123 @@
+"""The compression what-if on a synthetic profile, against a hand-computed timeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainsim.cluster.catalog import Link
+from trainsim.compress.secopa import Linear, plan_gradients
+from trainsim.errors import UserError
+from trainsim.graph.ir import GraphBuilder, ResourceKind, Steps, TaskKind
+from trainsim.simulate.engine import simulate
+from trainsim.transform.compression import CodecCost, CompressConfig, compression
+
+MiB = 1 << 20
+SHAPES = {"a.w": (512, 1024), "b.w": (512, 1024)}
+
+
+def _profile(steps: int = 3):  # type: ignore[no-untyped-def]
+    """Per step: fwd a 10, fwd b 10, bwd b 20, AccumulateGrad 1, bwd a 20, AccumulateGrad 1, opt 5 (us)."""
+    from trainsim.transform.dataparallel import ParamInfo
+
+    b = GraphBuilder("synthetic")
+    cpu = b.resource("cpu:main", ResourceKind.CPU_THREAD)
+    acc = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+    for s in range(steps):
+        b.task("ProfilerStep", TaskKind.CPU, cpu, 0.0, step=s)
+        b.task("aten::linear", TaskKind.CPU, cpu, 10.0, step=s, layer="layer:a")
+        b.task("aten::linear", TaskKind.CPU, cpu, 10.0, step=s, layer="layer:b")
+        b.task("AddmmBackward0", TaskKind.CPU, cpu, 20.0, step=s, layer="layer:b")
+        b.task("aten::add_", TaskKind.CPU, cpu, 1.0, step=s, op=acc)
+        b.task("AddmmBackward0", TaskKind.CPU, cpu, 20.0, step=s, layer="layer:a")
+        b.task("aten::add_", TaskKind.CPU, cpu, 1.0, step=s, op=acc)
+        b.task("aten::add_", TaskKind.CPU, cpu, 5.0, step=s, op="Optimizer.step#SGD.step")
+    g = b.build(
+        Steps(
+            ids=np.arange(steps, dtype=np.int32), start_us=np.zeros(steps), end_us=np.zeros(steps), anchor=0
+        )
+    )
+    params = [ParamInfo(name="a.w", layer="a", numel=MiB // 2, size_bytes=2 * MiB),
+              ParamInfo(name="b.w", layer="b", numel=MiB // 2, size_bytes=2 * MiB)]  # fmt: skip
+    return g, params, ["a", "b"]
+
+
+def _cost(summable: bool = False) -> CodecCost:
+    return CodecCost(
+        enc_us=lambda n: 10.0, dec_us=lambda n: 5.0, wire_bytes=lambda n: n // 8, summable=summable, low_rank=False,
+        fits={"enc": Linear(0, 0.01, 0.01), "dec": Linear(0, 0.005, 0.005), "aggr": Linear(0, 0, 0), "ratio": 1 / 32},
+    )  # fmt: skip
+
+
+# wire per gradient: 65,536 + 8 (marker) bytes; all-gather of 2x that over 2 ranks moves 65,544 bytes: 1000 us
+LINK = Link(name="test", bw_gbps=0.065544, latency_us=0.0)
+
+
+def test_allgather_timeline_by_hand() -> None:
+    g, params, layers = _profile()
+    out = compression(g, params, layers, SHAPES, CompressConfig(algorithm="onebit"), _cost(), LINK)
+    res = simulate(out)
+    # fwd 0-20, bwd b 20-40, acc 40-41, encode b 41-51, bwd a 51-71, acc 71-72, encode a 72-82;
+    # all-gather b 51-1051, a 1051-2051; decode 2 x 5 us each: b 1051-1061, a 2051-2061; optimizer 2061-2066
+    assert res.step_ms[0] * 1e3 == pytest.approx(2066.0)
+    names = {out.task_name(int(t)) for t in np.flatnonzero(out.step == 0)}
+    assert {"encode:bucket0", "allgather:compressed0", "decode:bucket1"} <= names
+
+
+def test_summable_codec_all_reduces_once_and_decodes_once() -> None:
+    g, params, layers = _profile()
+    out = compression(g, params, layers, SHAPES, CompressConfig(algorithm="fp16"), _cost(summable=True), LINK)
+    comm = [out.task_name(int(t)) for t in np.flatnonzero((out.kind == TaskKind.COMM) & (out.step == 0))]
+    assert comm == ["allreduce:compressed0", "allreduce:compressed1"]
+
+
+def test_plan_sends_uncompressed_gradients_by_all_reduce() -> None:
+    g, params, layers = _profile()
+    k = _cost().fits
+    from trainsim.compress.secopa import Constants
+
+    consts = Constants(enc=k["enc"], dec=k["dec"], aggr=k["aggr"], gather=Linear(1e9, 0, 0), bcast=Linear(1e9, 0, 0),
+                       send=Linear(1e9, 0, 0))  # fmt: skip
+    plan = plan_gradients(
+        [("a.w", MiB // 2), ("b.w", MiB // 2)], "onebit", 1 / 32, consts, topology="ps", world_size=2
+    )
+    plan.gradients["a.w"] = type(plan.gradients["a.w"])(
+        "a.w", MiB // 2, False, 1
+    )  # the user edits a.w to "no"
+    out = compression(g, params, layers, SHAPES, CompressConfig(algorithm="onebit", plan=plan), _cost(), LINK)
+    comm = [out.task_name(int(t)) for t in np.flatnonzero((out.kind == TaskKind.COMM) & (out.step == 0))]
+    assert comm == ["allgather:compressed0", "allreduce:bucket1"]
+
+
+def test_ps_scheme_blocks_the_main_thread() -> None:
+    g, params, layers = _profile()
+    fast = compression(g, params, layers, SHAPES, CompressConfig(algorithm="onebit"), _cost(), LINK)
+    ps = compression(
+        g, params, layers, SHAPES, CompressConfig(algorithm="onebit", scheme="ps"), _cost(), LINK
+    )
+    main = ps.resources.index(next(r for r in ps.resources if r.name == "cpu:main"))
+    blocking = [ps.task_name(int(t)) for t in np.flatnonzero((ps.resource == main) & (ps.step == 0))]
+    assert "casync-ps:bucket0" in blocking
+    assert simulate(ps).step_ms[0] > 0 and simulate(fast).step_ms[0] > 0
+
+
+def test_bad_config() -> None:
+    with pytest.raises(UserError, match="scheme"):
+        CompressConfig(algorithm="onebit", scheme="tree")
+    with pytest.raises(UserError, match="world"):
+        CompressConfig(algorithm="onebit", world=1)
+    g, params, layers = _profile()
+    with pytest.raises(UserError, match="no shape"):
+        compression(g, params, layers, {}, CompressConfig(algorithm="onebit"), _cost(), LINK)
+
+
+def test_casync_cost_by_hand() -> None:
+    from trainsim.transform.compression import casync_us
+
+    # PS, N=2, K=2, m=2^20: partitions of 2^19 elements, wire 2^16 bytes at 65.544 B/us -> 999.9 us
+    # per gather and per bcast (busiest owner owns 1 partition, N-1 = 1 wire); compute: 2 enc + (2 dec + 1 enc)
+    # + 2 dec = 3 * 10 + 4 * 5 = 50 us
+    us = casync_us(MiB, 2, 2, _cost(), LINK, "ps")
+    assert us == pytest.approx(2 * (1 << 16) / 65.544 + 50.0)
+    with pytest.raises(UserError):
+        casync_us(MiB, 1, 2, _cost(), LINK, "tree")

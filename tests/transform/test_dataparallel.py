@@ -1,0 +1,137 @@
+"""DDP buckets (against torch DDP itself) and the data-parallel graph transformation."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from trainsim.errors import UserError
+from trainsim.graph.ir import GraphBuilder, ResourceKind, Steps, TaskGraph, TaskKind
+from trainsim.simulate.engine import simulate
+from trainsim.transform.dataparallel import (
+    DPConfig,
+    ParamInfo,
+    data_parallel,
+    ddp_buckets,
+    dp_step_ms,
+    read_params,
+    step_anchors,
+)
+
+MiB = 1 << 20
+
+
+def test_buckets_by_hand() -> None:
+    # reverse order 3,2,1,0; first bucket closes at >= 1 MiB, later ones at >= 2 MiB
+    sizes = [MiB, MiB, 512 << 10, 600 << 10]
+    assert ddp_buckets(sizes, cap_bytes=2 * MiB) == [[3, 2], [1, 0]]
+    assert ddp_buckets(sizes, order=[0, 1, 2, 3], cap_bytes=2 * MiB) == [[0], [1, 2, 3]]
+    assert ddp_buckets([10, 10]) == [[1, 0]]
+    with pytest.raises(UserError):
+        ddp_buckets([1, 2], order=[0, 0])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def gloo_world1() -> object:
+    dist = pytest.importorskip("torch.distributed")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "transformer"])
+def test_buckets_match_torch_ddp(model: str, gloo_world1: object) -> None:
+    """What torch DDP builds (after its first-iteration rebuild) is what ddp_buckets builds from the
+    same gradient-ready order; with the reverse-parameter-order default the bucket sizes match too
+    for the models whose grad order is reverse order at bucket boundaries (mlp, cnn)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from trainsim.models.zoo import build
+
+    net, (x, y) = build(model)
+    ddp = DDP(net)
+    for _ in range(3):  # DDP rebuilds its buckets from the observed order after the first iteration
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    data = ddp._get_ddp_logging_data()
+    real = [[int(i) for i in b.split()] for b in str(data["rebuilt_per_bucket_param_indices"]).split(",")]
+    real_sizes = [int(s) for s in str(data["rebuilt_bucket_sizes"]).split(",")]
+    order = [int(i) for i in str(data["prev_iteration_grad_ready_order_indices"]).split(",")]
+    sizes = [p.numel() * p.element_size() for p in net.parameters()]
+    assert ddp_buckets(sizes, order) == real
+    ours = [sum(sizes[i] for i in b) for b in ddp_buckets(sizes)]
+    if model in ("mlp", "cnn"):
+        assert ours == real_sizes
+    assert sum(ours) == sum(real_sizes)
+
+
+# --------------------------------------------------------------------------- a synthetic profile
+def _profile_like(steps: int = 3) -> tuple[TaskGraph, list[ParamInfo], list[str]]:
+    """Per step: fwd a 10, fwd b 10, bwd b 20, AccumulateGrad 1, bwd a 20, AccumulateGrad 1, opt 5 (us)."""
+    b = GraphBuilder("synthetic")
+    cpu = b.resource("cpu:main", ResourceKind.CPU_THREAD)
+    acc_op = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+    t0 = []
+    for s in range(steps):
+        t0.append(b.task("ProfilerStep", TaskKind.CPU, cpu, 0.0, step=s))
+        b.task("aten::linear", TaskKind.CPU, cpu, 10.0, step=s, layer="layer:a")
+        b.task("aten::linear", TaskKind.CPU, cpu, 10.0, step=s, layer="layer:b")
+        b.task("AddmmBackward0", TaskKind.CPU, cpu, 20.0, step=s, layer="layer:b")
+        b.task("aten::add_", TaskKind.CPU, cpu, 1.0, step=s, op=acc_op)
+        b.task("AddmmBackward0", TaskKind.CPU, cpu, 20.0, step=s, layer="layer:a")
+        b.task("aten::add_", TaskKind.CPU, cpu, 1.0, step=s, op=acc_op)
+        b.task("aten::add_", TaskKind.CPU, cpu, 5.0, step=s, op="Optimizer.step#SGD.step")
+    g = b.build(Steps(ids=np.arange(steps, dtype=np.int32), start_us=np.zeros(steps), end_us=np.zeros(steps), anchor=0))
+    params = [ParamInfo(name="a.w", layer="a", numel=MiB // 2, size_bytes=2 * MiB),
+              ParamInfo(name="b.w", layer="b", numel=MiB // 2, size_bytes=2 * MiB)]  # fmt: skip
+    return g, params, ["a", "b"]
+
+
+def test_anchors_found() -> None:
+    g, _params, layers = _profile_like()
+    a = step_anchors(g, layers)[0]
+    assert sorted(a.ready) == ["a", "b"] and a.opt_start >= 0 and sorted(a.fwd_start) == ["a", "b"]
+
+
+def test_ddp_step_by_hand() -> None:
+    g, params, layers = _profile_like()
+    dp = data_parallel(g, params, layers, DPConfig(world=2), comm_us=lambda nbytes: 100.0)
+    res = simulate(dp)
+    # b ready at 41 -> bucket0 41..141; a ready at 62 -> bucket1 141..241; optimizer 241..246
+    assert res.step_ms[:-1] * 1e3 == pytest.approx([246.0, 246.0])
+    assert dp_step_ms(res.step_ms, "ddp") == pytest.approx(0.246)
+    assert int((dp.kind == TaskKind.COMM).sum()) == 2 * 3
+
+
+def test_p3_sends_input_layer_first() -> None:
+    g, params, layers = _profile_like()
+    cfg = DPConfig(world=2, mode="p3", slice_bytes=MiB)
+    dp = data_parallel(g, params, layers, cfg, comm_us=lambda nbytes: 100.0)
+    res = simulate(dp)
+    comm = np.flatnonzero((dp.kind == TaskKind.COMM) & (dp.step == 0))
+    names = [dp.task_name(int(t)) for t in comm[np.argsort(res.start_us[comm])]]
+    # b.0 is alone when b's gradients are ready; once a's are ready too, a goes first
+    assert names == ["allreduce:b.0", "allreduce:a.0", "allreduce:a.1", "allreduce:b.1"]
+    bs = data_parallel(g, params, layers, DPConfig(world=2, mode="bytescheduler"), comm_us=lambda n: 100.0)
+    assert simulate(bs).makespan_us > 0
+
+
+def test_world_one_and_no_params() -> None:
+    g, params, layers = _profile_like()
+    assert data_parallel(g, params, layers, DPConfig(world=1), comm_us=lambda n: 1.0) is g
+    with pytest.raises(UserError, match="no parameters"):
+        data_parallel(g, [], layers, DPConfig(world=2), comm_us=lambda n: 1.0)
+    with pytest.raises(UserError, match="no parameters"):
+        read_params({"model": "x", "params": []})
+    with pytest.raises(UserError):
+        DPConfig(world=0)

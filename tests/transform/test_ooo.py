@@ -1,0 +1,85 @@
+"""Out-of-order backprop what-ifs: the simulated order is the runtime's, and the numbers add up."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainsim.capture.layerprofile import LayerProfile
+from trainsim.errors import UserError
+from trainsim.graph.ir import ResourceKind
+from trainsim.transform.ooo import (
+    AllReduceCost,
+    dp_graph,
+    predict_dp,
+    predict_multistream,
+    search_k,
+    search_schedule_map,
+)
+
+
+def _profile(n: int = 5, fwd: float = 1000.0, param_bytes: int = 1_000_000) -> LayerProfile:
+    rows = [
+        {
+            "name": f"l{i}",
+            "fwd_us": fwd,
+            "bwd_us": 2 * fwd,
+            "bwd_input_us": fwd,
+            "bwd_weight_us": fwd,
+            "opt_us": 50.0,
+            "pack_us": 0.0,
+            "unpack_us": 0.0,
+            "param_bytes": param_bytes,
+            "out_bytes": 1000,
+        }
+        for i in range(n)
+    ]
+    return LayerProfile("synthetic", 1, 1, "test", {32: {"loss_us": 100.0, "layers": rows}})
+
+
+def test_allreduce_order_is_the_wrappers_issue_order() -> None:
+    prof = _profile()
+    net = AllReduceCost(bw_gbps=1.0)
+    for k, want in (
+        (0, ["l4", "l3", "l2", "l1", "l0"]),
+        (2, ["l4", "l3", "l2", "l0", "l1"]),
+        (5, ["l0", "l1", "l2", "l3", "l4"]),
+    ):
+        g = dp_graph(prof, 32, k, net, steps=1)
+        chan = next(i for i, r in enumerate(g.resources) if r.kind == ResourceKind.COMM_CHANNEL)
+        q = [int(t) for t in g.queue_order() if g.resource[t] == chan]
+        assert [g.symbols[g.layer[t]] for t in q] == want
+
+
+def test_free_network_gives_the_compute_time() -> None:
+    prof = _profile()
+    net = AllReduceCost(bw_gbps=1e9, latency_us=0.0)
+    compute_ms = (5 * (3 * 1000.0 + 50.0) + 100.0) / 1e3
+    for k in range(6):
+        assert predict_dp(prof, 32, k, net) == pytest.approx(compute_ms, rel=1e-6)
+
+
+def test_comm_bound_reordering_helps_and_search_finds_it() -> None:
+    prof = _profile()
+    net = AllReduceCost(bw_gbps=4.0, latency_us=100.0)  # 1 MB in 2 ms: comparable with a layer's work
+    best, pred = search_k(prof, 32, net)
+    assert best > 0 and pred[best] < pred[0] * 0.97
+    assert set(pred) == set(range(6))
+
+
+def test_bad_k() -> None:
+    with pytest.raises(UserError, match="has 5 layers"):
+        predict_dp(_profile(), 32, 6, AllReduceCost())
+    with pytest.raises(UserError, match="bw_gbps"):
+        AllReduceCost(bw_gbps=0)
+
+
+def test_multistream_overlaps_weight_gradients() -> None:
+    prof = _profile()
+    single = predict_multistream(prof, 32, None)
+    assert single == pytest.approx((5 * 3050.0 + 100.0) / 1e3)
+    smap, best = search_schedule_map(prof, 32)
+    assert len(smap) == 5 and best < single
+    with pytest.raises(UserError, match="defers W of layer 1 past"):
+        predict_multistream(prof, 32, [("BWD", 0), ("FWD", 3), ("BWD", 2), ("BWD", 3), ("BWD", 4)])
+    with pytest.raises(UserError, match="schedule map has 2 entries"):
+        predict_multistream(prof, 32, [("BWD", 0), ("BWD", 1)])

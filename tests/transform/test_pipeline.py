@@ -1,0 +1,140 @@
+"""Pipeline what-ifs execute exactly the action order of torch's own schedule objects."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from trainsim.capture.layerprofile import LayerProfile
+from trainsim.errors import UserError
+from trainsim.transform.pipeline import (
+    SCHEDULES,
+    Link,
+    PipeSpec,
+    check_split,
+    compute_order,
+    lowered_order,
+    plan_split,
+    predict_pipeline,
+)
+
+CASES = [
+    ("GPipe", 1),
+    ("1F1B", 1),
+    ("InterleavedZeroBubble", 1),
+    ("Interleaved1F1B", 2),
+    ("InterleavedZeroBubble", 2),
+    ("ZBVZeroBubble", 2),
+    ("DualPipeV", 2),
+]
+
+
+def _profile(n_layers: int = 6, micro: tuple[int, ...] = (8, 4, 2)) -> LayerProfile:
+    rows = [
+        {
+            "name": f"l{i}",
+            "fwd_us": 100.0,
+            "bwd_us": 200.0,
+            "bwd_input_us": 110.0,
+            "bwd_weight_us": 90.0,
+            "opt_us": 10.0,
+            "pack_us": 0.0,
+            "unpack_us": 0.0,
+            "param_bytes": 4000,
+            "out_bytes": 16_000,
+        }
+        for i in range(n_layers)
+    ]
+    return LayerProfile("synthetic", 1, 1, "test", {b: {"loss_us": 5.0, "layers": rows} for b in micro})
+
+
+@pytest.mark.parametrize("name,spr", CASES)
+@pytest.mark.parametrize("m", [4, 8])
+def test_graph_runs_the_schedule_objects_order(name: str, spr: int, m: int) -> None:
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
+    order = lowered_order(spec)
+    # the order torch's runtime executes, built independently from the schedule object's compute order
+    from trainsim.transform.pipeline import _MockStage
+
+    s2r = spec.stage_to_rank()
+    stages = [_MockStage(s, spec.n_stages, 2, 0) for s in range(spec.n_stages) if s2r[s] == 0]
+    rt = _PipelineScheduleRuntime(stages, m, loss_fn=lambda a, b: a)
+    rt._prepare_schedule_with_comms(compute_order(spec))
+    assert {r: [str(a) for a in acts] for r, acts in rt.pipeline_order_with_comms.items()} == {
+        r: [str(a) for a in acts] for r, acts in order.items()
+    }
+    # every action became one task, in that order, on its rank's queue (per step)
+    pred = predict_pipeline(_profile(), spec, batch_size=32, link=Link(), steps=2)
+    g = pred.graph
+    for r, acts in order.items():
+        rid = g.resource_id(f"rank{r}:cpu")
+        q = [t for t in g.queue_order() if g.resource[t] == rid and g.step[t] == 0]
+        names = [g.task_name(int(t)) for t in q]
+        assert names[:-1] == [str(a) for a in acts] and names[-1] == "optimizer"
+    assert pred.step_ms > 0
+
+
+def test_compute_order_is_the_schedule_classes_own() -> None:
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    from trainsim.transform.pipeline import _MockStage
+
+    spec = PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=2, microbatches=4)
+    obj = ScheduleZBVZeroBubble([_MockStage(0, 4, 2, 0), _MockStage(3, 4, 2, 0)], 4, loss_fn=lambda a, b: a)
+    want = {r: [str(a) for a in acts if a is not None] for r, acts in obj.pipeline_order.items()}
+    assert {r: [str(a) for a in acts] for r, acts in compute_order(spec).items()} == want
+
+
+def test_torch_schedule1f1b_declared_order_is_not_what_it_runs() -> None:
+    """Why 1F1B takes its order from ScheduleInterleaved1F1B (see the module docstring)."""
+    from torch.distributed.pipelining.schedules import Schedule1F1B
+
+    from trainsim.transform.pipeline import _MockStage
+
+    declared = Schedule1F1B(_MockStage(1, 2, 2, 1), 4, loss_fn=lambda a, b: a).pipeline_order
+    assert declared is not None
+    last = [str(a) for a in declared[1] if a is not None]
+    if "1F0" in last:  # fixed upstream: the workaround can go
+        pytest.skip("torch's Schedule1F1B.pipeline_order is consistent now")
+    assert last[0] == "1F1"
+    ours = [str(a) for a in compute_order(PipeSpec(schedule="1F1B", microbatches=4))[1]]
+    assert ours == ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]
+
+
+def test_zero_bubble_beats_gpipe_when_f_b_w_are_equal() -> None:
+    prof = _profile()
+    gp = predict_pipeline(prof, PipeSpec(schedule="GPipe", microbatches=8), batch_size=32, link=Link())
+    zb = predict_pipeline(
+        prof, PipeSpec(schedule="InterleavedZeroBubble", microbatches=8), batch_size=32, link=Link()
+    )
+    assert zb.step_ms < gp.step_ms
+
+
+def test_bad_input_is_refused() -> None:
+    with pytest.raises(UserError, match="needs 2 stage"):
+        PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=1)
+    with pytest.raises(UserError, match=r"needs 2\.\.8"):
+        PipeSpec(schedule="Interleaved1F1B", stages_per_rank=1)
+    with pytest.raises(UserError, match="unknown pipeline schedule 'Foo'; expected one of GPipe"):
+        PipeSpec(schedule="Foo")
+    with pytest.raises(UserError, match="stage 1 would be empty"):
+        check_split([3, 0, 3], 6, 3)
+    with pytest.raises(UserError, match="covers 5 layers"):
+        check_split([2, 3], 6, 2)
+    with pytest.raises(UserError, match="does not divide the batch size 30"):
+        predict_pipeline(_profile(), PipeSpec(schedule="GPipe", microbatches=4), batch_size=30, link=Link())
+    with pytest.raises(UserError, match="would be empty"):
+        plan_split([1.0, 2.0], 3)
+
+
+def test_plan_split_balances() -> None:
+    assert plan_split([1, 1, 1, 1, 4], 2) == [4, 1]
+    assert plan_split([5, 1, 1, 1, 1, 1], 2) == [1, 5]
+    assert sum(plan_split([3.0] * 9, 4)) == 9
+
+
+def test_every_schedule_is_covered() -> None:
+    assert {n for n, _ in CASES} == set(SCHEDULES)

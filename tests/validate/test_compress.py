@@ -1,0 +1,40 @@
+"""validate compress: its result shape and bad input (the harness itself runs in benchmarks/compress_validate.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainsim.cli.main import main
+from trainsim.validate.compress import FULL, QUICK, RunConfig, RunResult, summary
+
+
+def test_summary_shape_matches_validate_dp() -> None:
+    res = [
+        RunResult(RunConfig(rate_mbit=100.0), 110.0, 100.0, [100.0], "netns"),
+        RunResult(RunConfig(rate_mbit=100.0, algorithm="onebit"), 45.0, 50.0, [50.0], "netns"),
+    ]
+    out = summary(res)
+    assert set(out) == {"runs", "mean_abs_error_pct", "max_abs_error_pct"}
+    assert out["mean_abs_error_pct"] == 10.0 and out["max_abs_error_pct"] == 10.0
+    run = out["runs"][0]
+    assert {"config", "predicted_ms", "measured_ms", "error_pct"} <= set(run)
+
+
+def test_run_sets() -> None:
+    rates = {c.rate_mbit for c in FULL}
+    assert rates == {20.0, 100.0, 1000.0}
+    assert {c.algorithm for c in FULL} >= {"none", "onebit", "topk"}
+    assert any(c.plan for c in FULL) and len(QUICK) == 2
+    assert RunConfig(rate_mbit=20.0, algorithm="onebit", scheme="ps", plan=True).label() == (
+        "mlp 20 Mbit/s onebit ps SeCoPa plan"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--model", "nope"], "unknown model 'nope'"), (["--algorithm", "nope"], "unknown compression algorithm"),
+     (["--steps", "0"], "steps=0")],
+)  # fmt: skip
+def test_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "compress", *argv]) == 2
+    assert message in capsys.readouterr().err

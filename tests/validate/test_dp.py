@@ -1,0 +1,79 @@
+"""End to end: the validate-dp harness on 2 processes over a shaped link, and its clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trainsim.cli.main import main
+from trainsim.validate.dp import RunConfig, run_harness, summary
+from trainsim.validate.netns import list_namespaces, netns_unavailable
+
+
+def _our_processes() -> list[str]:
+    """Live (non-zombie) children of this test process: every rank, calibration worker and delay line
+    the harness starts is one, so any left here is a leak."""
+    found = []
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[1] == me and fields[0] != "Z":
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.netns
+@pytest.mark.multiproc
+@pytest.mark.skipif(netns_unavailable() is not None, reason=f"no netns: {netns_unavailable()}")
+def test_harness_two_processes_shaped_link() -> None:
+    before = set(list_namespaces(f"trainsim-{os.getpid()}-"))
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    assert not _our_processes()
+    results, notes = run_harness([RunConfig(model="cnn", rate_mbit=50)], steps=2, warmup=2, reps=2)
+    assert not notes
+    (r,) = results
+    assert r.where == "netns" and r.params_in_sync
+    # 0.52 MB of gradients over 50 Mbit/s: at least ~83 ms per step on the wire alone
+    assert 80 < r.measured_ms < 5000
+    assert 80 < r.predicted_ms < 5000
+    assert abs(r.error_pct) < 60  # sanity only; accuracy is the benchmark's job
+    out = summary(results)
+    assert set(out) == {"runs", "mean_abs_error_pct", "max_abs_error_pct"}
+    assert set(out["runs"][0]) >= {"config", "predicted_ms", "measured_ms", "error_pct"}
+    assert set(list_namespaces(f"trainsim-{os.getpid()}-")) == before
+    assert subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout == qdiscs
+    assert not _our_processes()
+
+
+@pytest.mark.multiproc
+def test_no_rights_falls_back_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainsim.validate import netns
+
+    monkeypatch.setattr(netns, "netns_unavailable", lambda: "creating network namespaces needs root")
+    results, notes = run_harness([RunConfig(model="cnn", rate_mbit=50, mode="p3")], steps=2, warmup=2, reps=2)
+    assert any("needs root" in n for n in notes)
+    (r,) = results
+    assert r.where == "loopback" and r.params_in_sync and r.measured_ms > 0 and r.predicted_ms > 0
+
+
+def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "dp", "--model", "resnet9000", "--json"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert main(["validate", "dp", "--rate", "0"]) == 2
+    assert main(["validate", "dp", "--rate", "-5"]) == 2
+    assert main(["validate", "dp", "--delay", "-1"]) == 2
+
+
+def test_json_shape_from_summary() -> None:
+    assert json.loads(json.dumps(summary([])))["mean_abs_error_pct"] is None

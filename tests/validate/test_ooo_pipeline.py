@@ -1,0 +1,52 @@
+"""``validate ooo-dp`` / ``validate pipeline``: bad input stops before any process; ranking logic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainsim.cli.main import main
+from trainsim.validate.pipeline import ranking_check
+
+
+def _row(label: str, m: int, pred: float, meas: float) -> dict[str, object]:
+    return {"config": {"label": label, "microbatches": m}, "predicted_ms": pred, "measured_ms": meas}
+
+
+def test_ranking_check_only_counts_clear_gaps() -> None:
+    rows = [
+        _row("a", 4, 10.0, 100.0),
+        _row("b", 4, 12.0, 120.0),
+        _row("c", 4, 9.0, 102.0),
+        _row("d", 8, 1, 1),
+    ]
+    out = ranking_check(rows, 5.0)
+    assert out["pairs_checked"] == 2  # a-b (20%) and b-c (17.6%); a-c is within 5%
+    assert out["ranking_ok"] and not out["pairs_misranked"]
+    rows[1]["predicted_ms"] = 8.0
+    assert ranking_check(rows, 5.0)["pairs_misranked"] == ["M=4: a vs b", "M=4: b vs c"]
+
+
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["validate", "pipeline", "--schedule", "ZBVZeroBubble/1"], "needs 2 stage(s) per rank"),
+        (["validate", "pipeline", "--microbatches", "5"], "does not divide the batch size 32"),
+        (["validate", "pipeline", "--schedule", "Nope"], "unknown schedule"),
+        (["validate", "ooo-dp", "--model", "mlp", "--k", "9"], "has 4 layers"),
+    ],
+)
+def test_bad_input_exits_2_before_running(
+    argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert msg in capsys.readouterr().err
+
+
+@pytest.mark.netns
+@pytest.mark.multiproc
+def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "pipeline", "--quick", "--json", "--schedule", "1F1B", "--steps", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["runs"]) == 1 and out["runs"][0]["measured_ms"] > 0
