@@ -84,17 +84,28 @@ def _model() -> nn.Module:
 
 
 def _train(
-    rank: int, world: int, algo: str | None, opts: dict[str, Any], lr: float, epochs: int, momentum: float
+    rank: int,
+    world: int,
+    algo: str | None,
+    opts: dict[str, Any],
+    lr: float,
+    epochs: int,
+    momentum: float,
+    in_hook: bool = False,
 ) -> dict[str, Any]:
     from trainsim.run.hooks import CompressionState, hook_for
 
     x_tr, y_tr, x_te, y_te = _data(rank, world)
     model = _model()
     ddp = DDP(model)
+    hook_momentum = 0.0
+    if algo == "dgc":
+        momentum = 0.0  # DGC corrects momentum itself
+    elif algo is not None and in_hook:
+        hook_momentum, momentum = momentum, 0.0  # momentum correction: the hook keeps the velocity
     if algo is not None:
-        opts = dict(opts)
-        ddp.register_comm_hook(CompressionState(algo, model=model, min_numel=1024, **opts), hook_for(algo))
-    momentum = 0.0 if algo == "dgc" else momentum
+        state = CompressionState(algo, model=model, min_numel=1024, momentum=hook_momentum, **opts)
+        ddp.register_comm_hook(state, hook_for(algo))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     batch = 32
     g = torch.Generator().manual_seed(rank)
@@ -116,14 +127,16 @@ def _train(
     return {"acc": acc, "loss": float(loss), "steps": steps, "wall_s": wall}
 
 
-def _worker(rank: int, port: int, out: str, runs: list[int], epochs: int, momentum: float) -> None:
+def _worker(
+    rank: int, port: int, out: str, runs: list[int], epochs: int, momentum: float, in_hook: bool
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))  # fmt: skip
     results = []
     for i in runs:
         label, algo, opts, lr = RUNS[i]
-        res = _train(rank, 2, algo, opts, lr, epochs, momentum)
+        res = _train(rank, 2, algo, opts, lr, epochs, momentum, in_hook)
         res["label"] = label
         results.append(res)
         if rank == 0:
@@ -154,6 +167,11 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--only", default="", help="comma-separated algorithm names to run (plus the baseline)")
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum of every run but DGC")
+    ap.add_argument(
+        "--momentum-correction",
+        action="store_true",
+        help="compressed runs keep the momentum in the hook (CompressionState(momentum=...)), optimizer without",
+    )
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     only = {a for a in args.only.split(",") if a}
@@ -165,17 +183,24 @@ def main() -> int:
         out = str(Path(tmp, "res.json"))
         t0 = time.perf_counter()
         mp.start_processes(
-            _worker, args=(port, out, runs, args.epochs, args.momentum), nprocs=2, start_method="spawn"
+            _worker,
+            args=(port, out, runs, args.epochs, args.momentum, args.momentum_correction),
+            nprocs=2,
+            start_method="spawn",
         )
         results = json.loads(Path(out).read_text())
         total = time.perf_counter() - t0
     base = results[0]["acc"]
     section = "convergence" if not args.momentum else "convergence-momentum"
+    if args.momentum_correction:
+        section += "-corrected"
     lines = [
-        f"## Convergence: 2-process gloo DDP on scikit-learn digits (optimizer momentum {args.momentum})",
+        f"## Convergence: 2-process gloo DDP on scikit-learn digits (momentum {args.momentum}"
+        f"{', in the hook (momentum correction) for compressed runs' if args.momentum_correction else ''})",
         "",
         f"Command: `.venv/bin/python benchmarks/compress_convergence.py --epochs {args.epochs}"
-        f"{' --momentum ' + str(args.momentum) if args.momentum else ''}`"
+        f"{' --momentum ' + str(args.momentum) if args.momentum else ''}"
+        f"{' --momentum-correction' if args.momentum_correction else ''}`"
         f"{' --only ' + args.only if args.only else ''}  ",
         f"Machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
         f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {total:.0f} s.  ",

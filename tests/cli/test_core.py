@@ -97,3 +97,15 @@ def test_cli_import_does_not_import_torch() -> None:
     code = "import sys, trainsim.cli.main as m, trainsim.cli.core; m.main(['--help']); print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.stdout.strip().endswith("False")
+
+
+def test_whatif_ooo_and_pipeline_from_a_layer_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prof = tmp_path / "mlp.layers.json"
+    assert main(["ooo", "profile", "mlp", "--batch-sizes", "32,8", "--reps", "1", "--out", str(prof)]) == 0
+    capsys.readouterr()
+    code, out, _ = _run(["whatif", str(prof), "--ooo-dp", "2", "--rate", "100", "--json"], capsys)
+    assert code == 0 and set(json.loads(out)["predicted_ms"]) == {"0", "2"}
+    code, out, _ = _run(["whatif", str(prof), "--pipeline", "GPipe", "--microbatches", "4", "--json"], capsys)
+    assert code == 0 and json.loads(out)["predicted_ms"] > 0
+    code, _, err = _run(["whatif", str(prof), "--ooo-dp", "two"], capsys)
+    assert code == 2 and "--ooo-dp" in err

@@ -111,6 +111,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     for algo in ("dgc", "powersgd", "topk"):
         got = _grads(algo, rank, steps=4)
         res[f"steps_{algo}"] = all(bool(torch.isfinite(t).all()) for t in got)
+    got = _grads("dgc", rank, steps=4, warmup_steps=3, ratio=0.01)  # wire sizes change every step
+    res["steps_dgc_warmup"] = all(bool(torch.isfinite(t).all()) for t in got)
     # NaN on one rank must show on both
     from trainsim.run.hooks import CompressionState, compress_hook
 
@@ -138,6 +140,21 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         nn.functional.cross_entropy(ddp(x), y).backward()
         outs.append([p.grad.clone() for p in model.parameters()])
     res["no_sync"] = _rel(outs[1], outs[0])
+    # momentum in the hook (momentum correction) + plain SGD == SGD with momentum, for the exact codec
+    finals = []
+    for in_hook in (False, True):
+        model = _model()
+        ddp = DDP(model, bucket_cap_mb=0.01)
+        if in_hook:
+            ddp.register_comm_hook(CompressionState("none", model=model, momentum=0.9), compress_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if in_hook else 0.9)
+        for step in range(4):
+            opt.zero_grad()
+            x, y = _batch(rank, step)
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        finals.append([p.detach().clone() for p in model.parameters()])
+    res["momentum_correction"] = _rel(finals[1], finals[0])
     # PS and ring schemes inside the hook
     for scheme in ("ps", "ring"):
         got = _grads("none", rank, scheme=scheme)
@@ -183,12 +200,16 @@ def test_half_precision_buckets(results: list[dict[str, Any]]) -> None:
 
 def test_bucket_rebuild_steps(results: list[dict[str, Any]]) -> None:
     for res in results:
-        assert res["steps_dgc"] and res["steps_powersgd"] and res["steps_topk"]
+        assert res["steps_dgc"] and res["steps_powersgd"] and res["steps_topk"] and res["steps_dgc_warmup"]
 
 
 @pytest.mark.parametrize("algo", ["signsgd", "tbq", "topk", "onebit", "randomk", "fp16"])
 def test_nan_propagates(results: list[dict[str, Any]], algo: str) -> None:
     assert all(res[f"nan_{algo}"] for res in results)
+
+
+def test_momentum_correction_equals_optimizer_momentum(results: list[dict[str, Any]]) -> None:
+    assert all(res["momentum_correction"] < 1e-5 for res in results)
 
 
 def test_no_sync_accumulation(results: list[dict[str, Any]]) -> None:

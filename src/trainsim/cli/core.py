@@ -149,16 +149,27 @@ def _safe_write(path: str, res: Any) -> Path:
 @click.option("--fused-optimizer", is_flag=True, help="One fused optimizer task per step.")
 @click.option("--scale", "scales", multiple=True, metavar="SELECTOR=FACTOR",
               help="Scale selected tasks, e.g. 'kind:kernel,name:gemm=0.5'. Repeatable.")  # fmt: skip
+@click.option("--ooo-dp", "ooo_dp", metavar="K|search",
+              help="Out-of-order data parallel (reverse first-K); TRACE is a per-layer profile (trainsim ooo profile).")
+@click.option("--pipeline", metavar="SCHEDULE",
+              help="Pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble ...); TRACE is a per-layer profile.")
+@click.option("--stages", type=int, default=1, show_default=True, help="Pipeline stages per rank.")
+@click.option("--microbatches", type=int, default=4, show_default=True, help="Pipeline microbatches.")
+@click.option("--rate", type=float, default=1000.0, show_default=True, help="Link rate, Mbit/s (--ooo-dp, --pipeline).")
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
-def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], as_json: bool,
+def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
+           pipeline: str | None, stages: int, microbatches: int, rate: float, as_json: bool,
            timeline: str | None) -> None:  # fmt: skip
-    """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks)."""
+    """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, OOO backprop, pipelines)."""
     from trainsim.simulate.engine import simulate
     from trainsim.transform import whatifs
 
+    if ooo_dp is not None or pipeline is not None:
+        _layer_whatif(trace, ooo_dp, pipeline, stages, microbatches, rate, as_json)
+        return
     if not (amp or fused_optimizer or scales):
-        raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --scale SELECTOR=FACTOR")
+        raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --scale, --ooo-dp, --pipeline")
     for s in scales:  # check the syntax before the (slower) trace load
         whatifs.parse_selector(s)
     g = _load(trace)
@@ -191,6 +202,29 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     _print_table(f"{Path(trace).name}: what-if", rows, ("", "step ms"))
     click.echo(f"predicted speed-up: {out['speedup']:.3f}x")
     _print_breakdown(out)
+
+
+def _layer_whatif(trace: str, ooo_dp: str | None, pipeline: str | None, stages: int, microbatches: int,
+                  rate: float, as_json: bool) -> None:  # fmt: skip
+    """--ooo-dp / --pipeline work from a per-layer F/B/W profile; delegate to ``trainsim ooo``."""
+    from trainsim.cli import ooo
+
+    if not Path(trace).is_file():
+        raise UserError(f"{trace}: no such file; --ooo-dp and --pipeline need a per-layer profile "
+                        "(trainsim ooo profile MODEL --out FILE)")  # fmt: skip
+    if ooo_dp is not None and pipeline is not None:
+        raise UserError("whatif: choose one of --ooo-dp and --pipeline")
+    ctx = click.get_current_context()
+    if ooo_dp is not None:
+        if ooo_dp != "search" and not ooo_dp.isdigit():
+            raise UserError(f"--ooo-dp {ooo_dp!r}: expected a number of layers K or 'search'")
+        k = None if ooo_dp == "search" else int(ooo_dp)
+        ctx.invoke(ooo.dp_cmd, profile=trace, batch_size=32, k=k, search=k is None, rate=rate, latency_us=100.0,
+                   as_json=as_json)  # fmt: skip
+        return
+    ctx.invoke(ooo.pipeline_cmd, profile=trace, schedule=pipeline, stages_per_rank=stages, ranks=2,
+               microbatches=microbatches, batch_size=32, split="", rate=rate, latency_us=100.0,
+               as_json=as_json)  # fmt: skip
 
 
 @click.command("bench-sim")
@@ -276,5 +310,6 @@ def demo(model: str, out_dir: str) -> None:
     click.echo(f"   simulated timeline (open in https://ui.perfetto.dev): {Path(out_dir) / f'{model}.sim.json'}")
     click.echo("\n3) what if the optimizer were fused, and convolutions / matmuls twice as fast?")
     ctx.invoke(whatif, trace=trace, amp=False, fused_optimizer=True,
-               scales=("kind:cpu,name:convolution|addmm|aten::mm=0.5",), as_json=False, timeline=None)  # fmt: skip
+               scales=("kind:cpu,name:convolution|addmm|aten::mm=0.5",), ooo_dp=None, pipeline=None,
+               stages=1, microbatches=4, rate=1000.0, as_json=False, timeline=None)  # fmt: skip
     sys.stdout.flush()

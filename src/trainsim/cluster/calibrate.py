@@ -98,7 +98,7 @@ def fit_model(sizes: np.ndarray, times_us: np.ndarray, *, with_floor: bool = Tru
     best = (float(np.sum(((max(float(a0), 0.0) + b0 * s) / t - 1) ** 2)), max(float(a0), 0.0), b0, 0.0)
     if not with_floor:
         return best[1], best[2], best[3]
-    for floor in np.linspace(0.0, float(t.max()), 81)[1:]:
+    for floor in np.geomspace(float(t.min()) * 0.1, float(t.max()), 121):
         for b in b0 * np.geomspace(0.5, 2.0, 81):
             m = np.maximum(floor, b * s)
             a = max(0.0, float(np.sum(w * w * (t - m)) / np.sum(w * w)))

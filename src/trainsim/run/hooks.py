@@ -70,6 +70,7 @@ class _Entry:
 class _Layout:
     plain: list[tuple[int, int]]  # (offset, numel) of gradients sent uncompressed
     plain_numel: int
+    every: list[tuple[int, int, str]]  # (offset, numel, name) of every gradient in the bucket
     entries: list[_Entry]
     wire_size: int
 
@@ -83,6 +84,7 @@ class CompressionState:
         "compressor",
         "iteration",
         "min_numel",
+        "momentum",
         "names",
         "plan",
         "process_group",
@@ -102,6 +104,7 @@ class CompressionState:
         plan: Any = None,
         min_numel: int = 1024,
         start_iter: int = 0,
+        momentum: float = 0.0,
         error_feedback: bool | None = None,
         seed: int = 0,
         **options: Any,
@@ -151,10 +154,16 @@ class CompressionState:
         # progress: iterations seen by the hook (no_sync steps are not seen)
         if start_iter < 0:
             raise UserError(f"compression hook: start_iter={start_iter} must be >= 0")
+        # momentum correction: the hook keeps the velocity (the optimizer then runs without momentum)
+        if not 0.0 <= momentum < 1.0:
+            raise UserError(f"compression hook: momentum={momentum!r}; expected 0 <= momentum < 1")
+        if momentum and getattr(self.compressor.codec, "momentum", 0.0):
+            raise UserError("compression hook: dgc corrects momentum itself; leave the hook's momentum at 0")
+        self.momentum = float(momentum)
         self.start_iter = start_iter
         self.iteration = 0
         self._pending_advance = False
-        self._layouts: dict[tuple[int, ...], _Layout] = {}
+        self._layouts: dict[tuple[int, ...], _Layout] = {}  # by parameters (and wire size)
 
 
 def state_from_plan(
@@ -192,7 +201,8 @@ def _advance(state: CompressionState, bucket: dist.GradBucket) -> None:
 
 def _layout(state: CompressionState, bucket: dist.GradBucket) -> _Layout:
     params = bucket.parameters()
-    cache_key = tuple(id(p) for p in params)
+    # the wire size of a probe size joins the key: DGC's sparsity warm-up changes sizes over steps
+    cache_key = (*(id(p) for p in params), state.compressor.wire_bytes(1 << 20))
     layout = state._layouts.get(cache_key)
     if layout is not None:
         return layout
@@ -201,6 +211,7 @@ def _layout(state: CompressionState, bucket: dist.GradBucket) -> _Layout:
     codec: Any = comp.codec
     natural = codec.propagates_nonfinite  # NaN/Inf already reach every decoded value: no marker
     plain: list[tuple[int, int]] = []
+    every: list[tuple[int, int, str]] = []
     entries: list[_Entry] = []
     offset = wire = 0
     for i, p in enumerate(params):
@@ -215,6 +226,7 @@ def _layout(state: CompressionState, bucket: dist.GradBucket) -> _Layout:
             compress = worth_compressing(
                 rows, n // max(1, rows), codec.matrix_rank, codec.min_compression_rate
             )
+        every.append((offset, n, name))
         if not compress:
             plain.append((offset, n))
         else:
@@ -229,7 +241,7 @@ def _layout(state: CompressionState, bucket: dist.GradBucket) -> _Layout:
             entries.append(_Entry(offset, n, tuple(p.shape), name, parts, wire, size))
             wire += size
         offset += n
-    layout = _Layout(plain, sum(n for _, n in plain), entries, wire)
+    layout = _Layout(plain, sum(n for _, n in plain), every, entries, wire)
     state._layouts[cache_key] = layout
     return layout
 
@@ -277,14 +289,31 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
     """
     _advance(state, bucket)
     buf = bucket.buffer()
+    layout = _layout(state, bucket)
+    if state.momentum:
+        _momentum_correction(state, buf, layout)
     if state.iteration < state.start_iter:
         return _allreduce_fut(state, buf)
-    layout = _layout(state, bucket)
     if not layout.entries:
         return _allreduce_fut(state, buf)
     if getattr(state.compressor.codec, "low_rank", False):
         return _powersgd(state, buf, layout)
     return _compressed(state, buf, layout)
+
+
+def _momentum_correction(state: CompressionState, buf: Tensor, layout: _Layout) -> None:
+    """u = m u + g per gradient, sent instead of g (DGC's momentum correction, Lin et al. ICLR 2018).
+
+    Compressing the velocity rather than the gradient keeps error feedback stable under momentum;
+    the optimizer must then run without momentum. All-reduce is linear, so uncompressed gradients
+    get the same update and the result is the global velocity.
+    """
+    m = state.momentum
+    for off, n, name in layout.every:
+        u = state.compressor.workspace(("momentum", name)).get("u", n, zero=True)
+        seg = buf[off : off + n]
+        u.mul_(m).add_(seg)
+        seg.copy_(u)
 
 
 def _compressed(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.futures.Future[Tensor]:
