@@ -31,7 +31,7 @@ def _run(*args: str | Path, check: bool = True) -> int:
 
 
 def setup() -> None:
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - dev.py runs on whatever python3 the user has
         sys.exit(f"dev.py: Python 3.10 or newer is needed, this is {sys.version.split()[0]}")
     if not PY.exists():
         venv.EnvBuilder(with_pip=True).create(VENV)

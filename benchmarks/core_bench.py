@@ -61,9 +61,9 @@ def fidelity(tmp: Path, quick: bool) -> list[dict]:
 def ingest(tmp: Path, hta_python: str | None) -> dict:
     import orjson
 
+    from core_make_big_trace import tile
     from trainsim.capture.kineto import read_trace
     from trainsim.graph.build import build_graph
-    from core_make_big_trace import tile
 
     big = tmp / "big.json.gz"
     doc = tile(3)

@@ -109,3 +109,16 @@ def test_whatif_ooo_and_pipeline_from_a_layer_profile(tmp_path: Path, capsys: py
     assert code == 0 and json.loads(out)["predicted_ms"] > 0
     code, _, err = _run(["whatif", str(prof), "--ooo-dp", "two"], capsys)
     assert code == 2 and "--ooo-dp" in err
+
+
+def test_whatif_compress_from_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainsim.capture.profile import ProfileConfig, profile
+
+    trace = profile(ProfileConfig(model="mlp", steps=2, warmup=1, batch_size=8, out=str(tmp_path / "m.json.gz")))
+    code, out, _ = _run(["whatif", str(trace), "--compress", "onebit", "--rate", "20", "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    # 9.5 MB of fp32 gradients over 20 Mbit/s: 1-bit compression must win by a wide margin
+    assert doc["compressed_ms"] < doc["plain_ddp_ms"] / 3
+    code, _, err = _run(["whatif", str(trace), "--compress", "zip"], capsys)
+    assert code == 2 and "unknown compression algorithm" in err

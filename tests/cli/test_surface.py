@@ -6,11 +6,35 @@ import pytest
 
 from trainsim.cli.main import COMMANDS, main
 
-EXPECTED = {"bench-sim", "calibrate", "demo", "estimate", "plan", "profile", "replay", "validate", "whatif"}
+EXPECTED = {
+    "bench-sim", "calibrate", "compress-bench", "demo", "estimate", "ooo", "plan", "profile", "replay", "scaleout",
+    "secopa", "validate", "whatif",
+}  # fmt: skip
+EXPECTED_VALIDATE = {"compress", "dp", "ooo-dp", "pipeline"}
+EXPECTED_WHATIF_FLAGS = {
+    "--amp", "--fused-optimizer", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
+    "--plan", "--scheme", "--world", "--rate", "--json", "--timeline",
+}  # fmt: skip
 
 
 def test_command_set_is_pinned() -> None:
-    assert set(COMMANDS) >= EXPECTED, "a command was removed or renamed: update docs and this test on purpose"
+    assert set(COMMANDS) == EXPECTED, "a command was added, removed or renamed: update docs and this test on purpose"
+    from trainsim.cli.validate import VALIDATE_COMMANDS
+
+    assert set(VALIDATE_COMMANDS) == EXPECTED_VALIDATE
+
+
+def test_whatif_flags_are_pinned() -> None:
+    from trainsim.cli.core import whatif
+
+    flags = {o for p in whatif.params for o in p.opts if o.startswith("--")}
+    assert flags == EXPECTED_WHATIF_FLAGS
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_VALIDATE))
+def test_every_validate_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", name, "--help"]) == 0
+    assert "--json" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -119,7 +119,7 @@ def scaleout(
     g = load_trace(trace)
     cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb)
     dp = data_parallel(g, params, layers, cfg, comm_us=lambda b: model_us("allreduce", b, spec, n))
-    single = float(simulate(g).mean_step_ms)
+    single = dp_step_ms(simulate(g).step_ms, "ddp")  # the same statistic (median step) as the prediction
     step = dp_step_ms(simulate(dp).step_ms, mode)
     out = {"trace": trace, "cluster": spec.describe(), "ranks": n, "mode": mode, "single_ms": round(single, 3),
            "predicted_ms": round(step, 3), "gradient_bytes": sum(q.size_bytes for q in params)}  # fmt: skip

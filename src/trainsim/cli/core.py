@@ -153,14 +153,20 @@ def _safe_write(path: str, res: Any) -> Path:
               help="Out-of-order data parallel (reverse first-K); TRACE is a per-layer profile (trainsim ooo profile).")
 @click.option("--pipeline", metavar="SCHEDULE",
               help="Pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble ...); TRACE is a per-layer profile.")
+@click.option("--compress", "compress", metavar="ALGO",
+              help="Data-parallel training with gradient compression (onebit, topk, powersgd ...); TRACE from trainsim profile.")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False), help="SeCoPa plan file for --compress.")
+@click.option("--scheme", type=click.Choice(["allgather", "ps", "ring"]), default="allgather", show_default=True,
+              help="Compression-aware synchronisation for --compress.")
+@click.option("--world", type=click.IntRange(2, 100000), default=2, show_default=True, help="Ranks for --compress.")
 @click.option("--stages", type=int, default=1, show_default=True, help="Pipeline stages per rank.")
 @click.option("--microbatches", type=int, default=4, show_default=True, help="Pipeline microbatches.")
 @click.option("--rate", type=float, default=1000.0, show_default=True, help="Link rate, Mbit/s (--ooo-dp, --pipeline).")
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
 def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
-           pipeline: str | None, stages: int, microbatches: int, rate: float, as_json: bool,
-           timeline: str | None) -> None:  # fmt: skip
+           pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str, world: int, stages: int,
+           microbatches: int, rate: float, as_json: bool, timeline: str | None) -> None:  # fmt: skip
     """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, OOO backprop, pipelines)."""
     from trainsim.simulate.engine import simulate
     from trainsim.transform import whatifs
@@ -168,6 +174,22 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     if ooo_dp is not None or pipeline is not None:
         _layer_whatif(trace, ooo_dp, pipeline, stages, microbatches, rate, as_json)
         return
+    if compress is not None:
+        from trainsim.transform.compression import predict
+
+        if not Path(trace).is_file():
+            raise UserError(f"{trace}: no such file; --compress needs a trace from trainsim profile")
+        out = predict(trace, algorithm=compress, world=world, bw_gbps=rate / 8e3, scheme=scheme, plan=plan_file)
+        out["speedup"] = out["plain_ddp_ms"] / out["compressed_ms"] if out["compressed_ms"] > 0 else None
+        if as_json:
+            _emit_json(out)
+        else:
+            _print_table(f"{Path(trace).name}: {world} ranks, {rate:g} Mbit/s, {compress} ({scheme})",
+                         [("plain DDP", _fmt(out["plain_ddp_ms"])), (f"compressed: {compress}",
+                          _fmt(out["compressed_ms"]))], ("", "step ms"))  # fmt: skip
+        return
+    if plan_file is not None:
+        raise UserError("--plan applies to --compress only")
     if not (amp or fused_optimizer or scales):
         raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --scale, --ooo-dp, --pipeline")
     for s in scales:  # check the syntax before the (slower) trace load
@@ -311,5 +333,6 @@ def demo(model: str, out_dir: str) -> None:
     click.echo("\n3) what if the optimizer were fused, and convolutions / matmuls twice as fast?")
     ctx.invoke(whatif, trace=trace, amp=False, fused_optimizer=True,
                scales=("kind:cpu,name:convolution|addmm|aten::mm=0.5",), ooo_dp=None, pipeline=None,
-               stages=1, microbatches=4, rate=1000.0, as_json=False, timeline=None)  # fmt: skip
+               compress=None, plan_file=None, scheme="allgather", world=2, stages=1, microbatches=4, rate=1000.0,
+               as_json=False, timeline=None)  # fmt: skip
     sys.stdout.flush()

@@ -89,7 +89,8 @@ _H200 = "NVIDIA H200 product page (SXM; dense = half the sparse figures), https:
 _TURING = "NVIDIA Turing architecture whitepaper, Table 1 (RTX 2080 Ti reference clocks), https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf"
 _THIS_CPU = (
     "measured on this machine (2 vCPU AMD EPYC, KVM) on 2026-11-22 02:41 UTC (load average 1.35) with torch.mm 2048x2048 on 2 threads and"
-    " a 256 MiB tensor copy (read + write bytes): `python benchmarks/cluster_cpu_peak.py`; memory size from /proc/meminfo"
+    " a 256 MiB tensor copy (read + write bytes), the method of `benchmarks/cluster_cpu_peak.py` (an inline run of the"
+    " same code, before the script existed); memory size from /proc/meminfo"
 )
 _PCIE = "PCI-SIG specifications via https://en.wikipedia.org/wiki/PCI_Express#Comparison_table (x16, per direction)"
 _NVLINK = "NVIDIA NVLink page (total bidirectional per GPU / 2), https://www.nvidia.com/en-us/data-center/nvlink/"

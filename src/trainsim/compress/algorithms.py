@@ -469,6 +469,12 @@ class _Sparse(Codec):
         torch.index_select(src, 0, idx, out=vals)
         wire[4 * k : 8 * k].view(torch.int32).copy_(idx)
 
+    def remove_sent(self, acc: Tensor, wire: Tensor, ws: Workspace, key: int) -> bool:
+        """The sent values are acc's own: the residual is acc with those entries zeroed (no decode)."""
+        k = self.kept(acc.numel())
+        acc.index_fill_(0, wire[4 * k : 8 * k].view(torch.int32).to(torch.int64), 0.0)
+        return True
+
     def decode(self, wire: Tensor, out: Tensor, ws: Workspace, key: int, *, accumulate: bool = False) -> None:
         k = self.kept(out.numel())
         vals = wire[: 4 * k].view(torch.float32)
@@ -541,6 +547,12 @@ class RandomK(Codec):
         torch.index_select(x, 0, self._indices(x.numel(), key), out=wire)
         if self.scale:
             wire.mul_(x.numel() / wire.numel())
+
+    def remove_sent(self, acc: Tensor, wire: Tensor, ws: Workspace, key: int) -> bool:
+        if self.scale:
+            return False  # scaled values are not acc's own: decode and subtract
+        acc.index_fill_(0, self._indices(acc.numel(), key), 0.0)
+        return True
 
     def decode(self, wire: Tensor, out: Tensor, ws: Workspace, key: int, *, accumulate: bool = False) -> None:
         idx = self._indices(out.numel(), key)

@@ -103,6 +103,11 @@ class Codec:
     def decode(self, wire: Tensor, out: Tensor, ws: Workspace, key: int, *, accumulate: bool = False) -> None:
         raise NotImplementedError
 
+    def remove_sent(self, acc: Tensor, wire: Tensor, ws: Workspace, key: int) -> bool:
+        """Error feedback shortcut: make ``acc`` the residual ``acc - D(wire)`` in place and return
+        True, or return False to let the compressor decode and subtract (the default)."""
+        return False
+
     def describe(self) -> str:
         return self.name
 
@@ -216,6 +221,8 @@ class Compressor:
         err = ws.get("ef", n, zero=True)
         err.add_(x)  # acc = g + e, kept in the memory buffer itself
         codec.encode(err, wire, ws, kid)
+        if codec.remove_sent(err, wire, ws, kid):
+            return  # a sparsifier zeroed what it sent: no decode needed
         dec = ws.get("ef_dec", n)
         codec.decode(wire, dec, ws, kid)
         err.sub_(dec)  # e = acc - D(C(acc))

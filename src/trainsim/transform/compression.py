@@ -27,6 +27,7 @@ hook, on the main thread: one main-thread task per bucket whose duration is the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,10 +108,10 @@ class CodecCost:
             import torch.multiprocessing as mp
 
             ctx = mp.get_context("spawn")
+            start_at = time.time() + 6.0  # after every process has imported torch: they measure together
             with ctx.Pool(concurrent) as pool:
-                samples = pool.starmap(
-                    _calibrate_one, [(algorithm, size_list, threads, options)] * concurrent
-                )
+                args = [(algorithm, size_list, threads, options, start_at)] * concurrent
+                samples = pool.starmap(_calibrate_one, args)
         else:
             samples = [_calibrate_one(algorithm, size_list, threads, options)]
         mean = {k: [sum(s[k][i] for s in samples) / len(samples) for i in range(len(size_list))]
@@ -136,10 +137,11 @@ class CodecCost:
 
 
 def _calibrate_one(
-    algorithm: str, sizes: list[int], threads: int | None, options: dict[str, Any]
+    algorithm: str, sizes: list[int], threads: int | None, options: dict[str, Any], start_at: float = 0.0
 ) -> dict[str, list[float]]:
     import torch
 
+    time.sleep(max(0.0, start_at - time.time()))
     from trainsim.compress.secopa import calibrate_codec
 
     old = torch.get_num_threads()
