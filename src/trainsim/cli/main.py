@@ -36,12 +36,16 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class _LazyGroup(click.Group):
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use from a ``name -> "module:attr"`` table."""
+
+    registry: dict[str, str] = COMMANDS
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(self.registry)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
+        target = self.registry.get(cmd_name)
         if target is None:
             return None
         module, _, attr = target.partition(":")
@@ -50,7 +54,7 @@ class _LazyGroup(click.Group):
         return cmd
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="trainsim")
 def cli() -> None:
     """trainsim: why is my training step slow, what would a change buy me, and how should I parallelise?"""

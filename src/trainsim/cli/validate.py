@@ -10,9 +10,9 @@ Network-namespace helpers for the harnesses: ``trainsim.validate.netns``.
 
 from __future__ import annotations
 
-import importlib
-
 import click
+
+from trainsim.cli.main import LazyGroup
 
 # name -> "module:attribute" of a click.Command. Keep sorted; one line per subcommand.
 VALIDATE_COMMANDS: dict[str, str] = {
@@ -23,18 +23,8 @@ VALIDATE_COMMANDS: dict[str, str] = {
 }
 
 
-class _LazyValidateGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(VALIDATE_COMMANDS)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = VALIDATE_COMMANDS.get(cmd_name)
-        if target is None:
-            return None
-        module, _, attr = target.partition(":")
-        cmd = getattr(importlib.import_module(module), attr)
-        assert isinstance(cmd, click.Command), target
-        return cmd
+class _LazyValidateGroup(LazyGroup):
+    registry = VALIDATE_COMMANDS
 
 
 @click.group(cls=_LazyValidateGroup, name="validate")
