@@ -27,7 +27,7 @@ def main() -> None:
     from plan_report import write_section
 
     rows = load_csv(str(CSV)) if CSV.exists() else MEGATRON_TABLE1
-    src = str(CSV) if CSV.exists() else "trainsim.plan.calibrate.MEGATRON_TABLE1"
+    src = "../shared/groundtruth/megatron_table1.csv" if CSV.exists() else "trainsim.plan.calibrate.MEGATRON_TABLE1"
     t0 = time.perf_counter()
     refit = fit(rows)
     t_fit = time.perf_counter() - t0
