@@ -214,7 +214,6 @@ def _build_graph(tr: Trace) -> TaskGraph:
     keys = sorted(threads, key=lambda k: (k != anchor_key, str(k)))
     segments = {k: _segment_thread(threads[k], seq_layer) for k in keys}
     t_origin = min((segs[0].t0 for segs in segments.values() if segs), default=0.0)
-    anchor_segs = segments[anchor_key] if anchor_key is not None else []
     plans, spawns, inside = _plan_threads(keys, anchor_key, segments, t_origin)
     # ------------------------------------------------------------------ emit CPU tasks (column-wise)
     cols = b.cols
@@ -280,7 +279,6 @@ def _build_graph(tr: Trace) -> TaskGraph:
         for a_idx, bursts in inside.items():
             for k, _, last_idx in bursts:
                 b.edge(base_of[k] + last_idx, wait_of[a_idx], EdgeKind.SYNC)
-    del anchor_segs
     # ------------------------------------------------------------------ GPU tasks (column-wise)
     gpu.sort(key=lambda e: e.ts)
     gpu_by_corr: dict[int, int] = {}
@@ -332,9 +330,10 @@ def _build_graph(tr: Trace) -> TaskGraph:
     cols["op"].extend(g_op)
     cols["layer"].extend(g_layer)
     cols["resource"].extend(g_res)
-    cols["order"].extend([e.ts for e in gpu])
+    g_ts = [e.ts for e in gpu]
+    cols["order"].extend(g_ts)
     cols["dur_us"].extend([e.dur for e in gpu])
-    cols["ts_us"].extend([e.ts for e in gpu])
+    cols["ts_us"].extend(g_ts)
     cols["step"].extend(g_step)
     cols["size_bytes"].extend(g_size)
     cols["group"].extend(g_group)
@@ -446,7 +445,7 @@ def _add_syncs(
     last_on: dict[str, int] = {}
     last_idx: list[dict[str, int]] = []
     for _, t, rn in launches:
-        last_on = {**last_on, rn: t} if len(last_on) < 64 else last_on | {rn: t}
+        last_on = {**last_on, rn: t}  # a snapshot per launch: the last task on each stream so far
         last_idx.append(last_on)
 
     def last_before(t0: float) -> dict[str, int]:
