@@ -28,7 +28,6 @@ import argparse
 import itertools
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import Popen, free_port, init_gloo, launch, local_popen, python
+from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers, slowest_rank_steps
 from trainsim.run.splitgrad import LayerTape
 
 if TYPE_CHECKING:
@@ -273,24 +272,6 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
     dist.destroy_process_group()
 
 
-def worker_argv(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> list[str]:
-    return [
-        python(),
-        "-m",
-        "trainsim.run.ooo_dp",
-        "--rank",
-        str(rank),
-        "--master",
-        master,
-        "--port",
-        str(port),
-        "--out",
-        str(out),
-        "--config",
-        json.dumps(asdict(cfg)),
-    ]
-
-
 def run_dp(
     cfg: DpRunConfig, *, popen: Popen = local_popen, master: str = "127.0.0.1", port: int | None = None
 ) -> dict[str, Any]:
@@ -302,16 +283,9 @@ def run_dp(
     if cfg.mode == "ooo":
         n = len(list(build(cfg.model, spec=cfg.zoo_spec())[0].children()))
         check_k(cfg.k, n, cfg.model)
-    port = port or free_port()
-    with tempfile.TemporaryDirectory(prefix="trainsim-dp-") as tmp:
-        outs = [Path(tmp) / f"rank{r}.json" for r in range(cfg.world_size)]
-        launch(
-            [worker_argv(cfg, r, master, port, outs[r]) for r in range(cfg.world_size)],
-            popen=popen,
-            timeout_s=3 * cfg.timeout_s,
-        )
-        ranks = [json.loads(o.read_text()) for o in outs]
-    per_step = [max(r["step_ms"][s] for r in ranks) for s in range(cfg.steps)]
+    ranks = run_workers("trainsim.run.ooo_dp", cfg, cfg.world_size, popen=popen, master=master, port=port,
+                        timeout_s=3 * cfg.timeout_s)  # fmt: skip
+    per_step = slowest_rank_steps(ranks, cfg.steps)
     return {
         "config": asdict(cfg),
         "step_ms": statistics.median(per_step),

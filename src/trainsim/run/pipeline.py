@@ -22,14 +22,13 @@ import itertools
 import json
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import Popen, free_port, init_gloo, launch, local_popen, python
+from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers, slowest_rank_steps
 from trainsim.transform.pipeline import PipeSpec, check_split
 
 
@@ -162,38 +161,13 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     dist.destroy_process_group()
 
 
-def worker_argv(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) -> list[str]:
-    return [
-        python(),
-        "-m",
-        "trainsim.run.pipeline",
-        "--rank",
-        str(rank),
-        "--master",
-        master,
-        "--port",
-        str(port),
-        "--out",
-        str(out),
-        "--config",
-        json.dumps(asdict(cfg)),
-    ]
-
-
 def run_pipeline(
     cfg: PipeRunConfig, *, popen: Popen = local_popen, master: str = "127.0.0.1", port: int | None = None
 ) -> dict[str, Any]:
     """Run ``cfg`` on ``n_ranks`` processes; per-rank results and the median step time (ms)."""
-    port = port or free_port()
-    with tempfile.TemporaryDirectory(prefix="trainsim-pp-") as tmp:
-        outs = [Path(tmp) / f"rank{r}.json" for r in range(cfg.n_ranks)]
-        launch(
-            [worker_argv(cfg, r, master, port, outs[r]) for r in range(cfg.n_ranks)],
-            popen=popen,
-            timeout_s=3 * cfg.timeout_s,
-        )
-        ranks = [json.loads(o.read_text()) for o in outs]
-    per_step = [max(r["step_ms"][s] for r in ranks) for s in range(cfg.steps)]
+    ranks = run_workers("trainsim.run.pipeline", cfg, cfg.n_ranks, popen=popen, master=master, port=port,
+                        timeout_s=3 * cfg.timeout_s)  # fmt: skip
+    per_step = slowest_rank_steps(ranks, cfg.steps)
     losses = next(r["losses"] for r in ranks if r["losses"])
     return {
         "config": asdict(cfg),

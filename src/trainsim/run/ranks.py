@@ -99,6 +99,35 @@ def launch(
             e.close()
 
 
+def run_workers(
+    module: str, cfg: Any, n_ranks: int, *, popen: Popen, master: str, port: int | None, timeout_s: float
+) -> list[dict[str, Any]]:
+    """Start ``python -m module`` once per rank with ``cfg`` (a dataclass) as JSON; return each rank's JSON result.
+
+    The worker's command line is ``--rank R --master M --port P --out FILE --config JSON``; it writes its
+    result to FILE. ``launch`` stops every rank if one fails.
+    """
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    port = port or free_port()
+    with tempfile.TemporaryDirectory(prefix="trainsim-ranks-") as tmp:
+        outs = [Path(tmp) / f"rank{r}.json" for r in range(n_ranks)]
+        argvs = [
+            [python(), "-m", module, "--rank", str(r), "--master", master, "--port", str(port), "--out", str(outs[r]),
+             "--config", json.dumps(asdict(cfg))]
+            for r in range(n_ranks)
+        ]  # fmt: skip
+        launch(argvs, popen=popen, timeout_s=timeout_s)
+        return [json.loads(o.read_text()) for o in outs]
+
+
+def slowest_rank_steps(ranks: Sequence[dict[str, Any]], steps: int) -> list[float]:
+    """Per step, the time of the slowest rank (ms): what the job as a whole took."""
+    return [max(r["step_ms"][s] for r in ranks) for s in range(steps)]
+
+
 def _stop(procs: Sequence[subprocess.Popen[Any]]) -> None:
     for p in procs:
         if p.poll() is None:
