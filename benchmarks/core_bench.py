@@ -109,13 +109,13 @@ def ingest(tmp: Path, hta_python: str | None) -> dict:
     return out
 
 
-def python_fifo(prev_res, next_res, out_ptr, out_dst, indeg_explicit, dur):  # type: ignore[no-untyped-def]
+def python_fifo(next_res, out_ptr, out_dst, indeg_all, sources, dur):  # type: ignore[no-untyped-def]
     """The same longest-path replay as trainsim.simulate.kernels.replay_fifo, in plain Python."""
     n = len(dur)
     start = [0.0] * n
     end = [0.0] * n
-    indeg = [indeg_explicit[i] + (1 if prev_res[i] >= 0 else 0) for i in range(n)]
-    stack = [i for i in range(n - 1, -1, -1) if indeg[i] == 0]
+    indeg = list(indeg_all)
+    stack = sources[::-1]
     while stack:
         i = stack.pop()
         e = start[i] + dur[i]
@@ -165,7 +165,7 @@ def sim(sizes: list[int], baseline_max: int) -> list[dict]:
             "python_tasks_per_s": None, "networkx_tasks_per_s": None,
         }  # fmt: skip
         if g.n_tasks <= baseline_max:
-            args = [a.tolist() for a in (p.prev_res, p.next_res, p.out_ptr, p.out_dst, p.indeg, p.dur)]
+            args = [a.tolist() for a in (p.next_res, p.out_ptr, p.out_dst, p.indeg_all, p.sources, p.dur)]
             t0 = time.perf_counter()
             end = python_fifo(*args)
             row["python_tasks_per_s"] = g.n_tasks / (time.perf_counter() - t0)
@@ -233,7 +233,31 @@ def main() -> None:
         lines.append(f"| {r['tasks']:,} | {r['edges']:,} | {r['simulate_s']:.4f} | {r['tasks_per_s']:,.0f} | "
                      f"{r['with_prepare_s']:.3f} | {r['priority_tasks_per_s']:,.0f} | {py} | {nx_} |")  # fmt: skip
     per = [r["simulate_s"] / r["tasks"] for r in sims]
-    lines += ["", f"Cost per task, largest vs smallest graph: {per[-1] / per[0]:.2f}x.", ""]
+    growth = per[-1] / per[0]
+    lines += ["", f"Cost per task, largest vs smallest graph: {growth:.2f}x.", ""]
+    worst_med = max(r["median_err_pct"] for r in fid)
+    worst_max = max(r["max_err_pct"] for r in fid)
+    big = sims[-1]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**NOT met**"
+
+    lines += [
+        "## Against the issue's targets", "",
+        f"- Replay fidelity (median <= 2 %, every step <= 5 %): worst median {worst_med:.3f} %, worst step "
+        f"{worst_max:.3f} % - {verdict(worst_med <= 2 and worst_max <= 5)}.",
+        f"- Ingestion of a 200k-event GPU trace into a graph < 2 s: {ing['trainsim_read_and_graph_s']:.2f} s for "
+        f"{ing['events']:,} events - {verdict(ing['trainsim_read_and_graph_s'] < 2)}.",
+        f"- Simulation >= 1M tasks/s at {big['tasks']:,} tasks: {big['tasks_per_s'] / 1e6:.0f}M tasks/s - "
+        f"{verdict(big['tasks_per_s'] >= 1e6)}.",
+        f"- Cost per task growing <= 1.5x from {sims[0]['tasks']:,} to {big['tasks']:,} tasks: {growth:.2f}x - "
+        f"{verdict(growth <= 1.5)}.", "",
+        "The replay loop visits tasks roughly in time order, so graphs number their tasks in time order",
+        "(`TaskGraph.in_time_order`, applied by the trace graph builder and the synthetic generator) and the",
+        "loop's output and scratch arrays are allocated by numpy (which reuses memory and asks for huge",
+        "pages) rather than inside the compiled loop. Before these two changes the 1M-task graph ran at",
+        "60M tasks/s and cost 1.85x per task what the 10k graph did (04:10 UTC run of this script).", "",
+    ]  # fmt: skip
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text("\n".join(lines))
     print("\n".join(lines))

@@ -350,7 +350,7 @@ def _build_graph(tr: Trace) -> TaskGraph:
         all_t0 = min((e.ts for e in tr.events), default=0.0)
         all_t1 = max((e.end for e in tr.events), default=0.0)
         steps = Steps(ids=np.zeros(1, np.int32), start_us=np.array([all_t0]), end_us=np.array([all_t1]), anchor=-1)
-    return b.build(steps)
+    return b.build(steps).in_time_order()
 
 
 def _plan_threads(

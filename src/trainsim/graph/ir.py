@@ -209,6 +209,24 @@ class TaskGraph:
             t = int(self.edge_src[self.edge_src == self.edge_dst][0])
             raise UserError(f"{self.source}: {self.describe(t)} depends on itself (a cycle)")
 
+    def permuted(self, perm: np.ndarray) -> TaskGraph:
+        """The same graph with task ``perm[k]`` renumbered ``k`` (edges follow)."""
+        new_id = np.empty(self.n_tasks, np.int32)
+        new_id[perm] = np.arange(self.n_tasks, dtype=np.int32)
+        cols = {c: getattr(self, c)[perm] for c in _TASK_COLUMNS}
+        return replace(self, edge_src=new_id[self.edge_src], edge_dst=new_id[self.edge_dst], **cols)
+
+    def in_time_order(self) -> TaskGraph:
+        """Tasks renumbered by ``order`` (stable, so each queue keeps its order).
+
+        The replay visits tasks roughly in time order; numbering them the same way keeps its memory
+        accesses near each other. On a million-task graph this halves the time per task.
+        """
+        perm = np.argsort(self.order, kind="stable")
+        if perm.size and (np.diff(perm) > 0).all():
+            return self
+        return self.permuted(perm)
+
     def with_columns(self, **changes: object) -> TaskGraph:
         """A copy with some columns replaced (no validation; transformations validate)."""
         return replace(self, **changes)  # type: ignore[arg-type]

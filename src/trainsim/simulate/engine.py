@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trainsim.errors import UserError
-from trainsim.graph.ir import F64, I64, Policy, ResourceKind, TaskGraph, TaskKind
+from trainsim.graph.ir import F64, I32, I64, Policy, ResourceKind, TaskGraph, TaskKind
 from trainsim.simulate import kernels
 
 
@@ -29,11 +29,12 @@ class Prepared:
     """Flat arrays the replay loops consume; build once, replay many times (e.g. in a search)."""
 
     dur: F64
-    prev_res: I64
-    next_res: I64
+    next_res: I64  # the next task on the same resource, -1 for the last
     out_ptr: I64
     out_dst: I64
-    indeg: I64
+    indeg: I64  # explicit in-edges only (the event-driven loop)
+    indeg_all: I32  # explicit in-edges plus the resource predecessor (the longest-path loop)
+    sources: I64  # tasks with indeg_all == 0
     res_ptr: I64
     res_queue: I64
     res_is_prio: np.ndarray
@@ -59,14 +60,16 @@ def prepare(g: TaskGraph) -> Prepared:
     out_dst = dst[order]
     out_ptr = np.concatenate(([0], np.cumsum(np.bincount(src, minlength=n)))).astype(np.int64)
     indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    indeg_all = (indeg + (prev_res >= 0)).astype(np.int32)
     prio = np.array([r.policy == Policy.PRIORITY for r in g.resources], np.bool_)
     return Prepared(
         dur=np.ascontiguousarray(g.dur_us, np.float64),
-        prev_res=prev_res,
         next_res=next_res,
         out_ptr=out_ptr,
         out_dst=np.ascontiguousarray(out_dst),
         indeg=indeg,
+        indeg_all=indeg_all,
+        sources=np.flatnonzero(indeg_all == 0).astype(np.int64),
         res_ptr=res_ptr,
         res_queue=q,
         res_is_prio=prio,
@@ -90,17 +93,22 @@ def simulate(g: TaskGraph, prepared: Prepared | None = None) -> SimResult:
             p.out_dst,
             p.indeg,
         )
+        if done < g.n_tasks:
+            raise UserError(_cycle_message(g, end == 0, done))
     else:
-        start, end, crit, done = kernels.replay_fifo(
-            p.dur, p.prev_res, p.next_res, p.out_ptr, p.out_dst, p.indeg
+        n = g.n_tasks
+        start, end = np.empty(n), np.empty(n)
+        crit, indeg, stack = np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64)
+        done = kernels.replay_fifo(
+            p.dur, p.next_res, p.out_ptr, p.out_dst, p.indeg_all, p.sources, start, end, crit, indeg, stack
         )
-    if done < g.n_tasks:
-        raise UserError(_cycle_message(g, end, done))
+        if done < n:  # tasks never freed keep a positive in-degree
+            raise UserError(_cycle_message(g, indeg > 0, done))
     return SimResult(graph=g, start_us=start, end_us=end, crit=crit)
 
 
-def _cycle_message(g: TaskGraph, end: F64, done: int) -> str:
-    stuck = int(np.flatnonzero(end == 0)[0]) if (end == 0).any() else 0
+def _cycle_message(g: TaskGraph, stuck_mask: np.ndarray, done: int) -> str:
+    stuck = int(np.flatnonzero(stuck_mask)[0]) if stuck_mask.any() else 0
     return (
         f"{g.source}: the graph has a dependency cycle or a deadlock ({g.n_tasks - done} of {g.n_tasks} tasks "
         f"never became ready); first stuck: {g.describe(stuck)}"

@@ -38,26 +38,25 @@ except ImportError:  # pragma: no cover - exercised only without numba
 
 
 @jit
-def replay_fifo(dur, prev_res, next_res, out_ptr, out_dst, indeg_explicit):
-    """Start/end of every task and the predecessor that decided its start (-1 if none).
+def replay_fifo(dur, next_res, out_ptr, out_dst, indeg_all, sources, start, end, crit, indeg, stack):
+    """Fill ``start``/``end`` of every task and ``crit``, the predecessor that decided its start (-1 none).
 
-    Returns ``(start, end, crit, n_done)``; ``n_done < n`` means a cycle.
+    ``indeg_all`` counts explicit edges plus the resource predecessor; ``sources`` are the tasks
+    without any. ``start``, ``end``, ``crit``, ``indeg`` and ``stack`` are caller-allocated (numpy's
+    allocator reuses memory and asks for huge pages; allocating here cost a page fault per 4 KiB
+    on large graphs). Returns the number of tasks done; fewer than ``n`` means a cycle.
     """
     n = dur.shape[0]
-    start = np.zeros(n)
-    end = np.zeros(n)
-    crit = np.full(n, -1, np.int64)
-    indeg = indeg_explicit.copy()
     for i in range(n):
-        if prev_res[i] >= 0:
-            indeg[i] += 1
-    stack = np.empty(n, np.int64)
+        crit[i] = -1
+        indeg[i] = indeg_all[i]
     top = 0
     # push in reverse so that, among initially free tasks, low ids come off the stack first
-    for i in range(n - 1, -1, -1):
-        if indeg[i] == 0:
-            stack[top] = i
-            top += 1
+    for s in range(sources.shape[0] - 1, -1, -1):
+        i = sources[s]
+        start[i] = 0.0
+        stack[top] = i
+        top += 1
     done = 0
     while top > 0:
         top -= 1
@@ -67,25 +66,24 @@ def replay_fifo(dur, prev_res, next_res, out_ptr, out_dst, indeg_explicit):
         done += 1
         j = next_res[i]
         if j >= 0:
-            if e > start[j] or crit[j] < 0:
-                if e >= start[j]:
-                    start[j] = e
-                    crit[j] = i
+            # the first predecessor to arrive sets start; later ones only if strictly later
+            if crit[j] < 0 or e > start[j]:
+                start[j] = e
+                crit[j] = i
             indeg[j] -= 1
             if indeg[j] == 0:
                 stack[top] = j
                 top += 1
         for k in range(out_ptr[i], out_ptr[i + 1]):
             j = out_dst[k]
-            if e > start[j] or crit[j] < 0:
-                if e >= start[j]:
-                    start[j] = e
-                    crit[j] = i
+            if crit[j] < 0 or e > start[j]:
+                start[j] = e
+                crit[j] = i
             indeg[j] -= 1
             if indeg[j] == 0:
                 stack[top] = j
                 top += 1
-    return start, end, crit, done
+    return done
 
 
 @jit

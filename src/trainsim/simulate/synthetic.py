@@ -91,7 +91,7 @@ def _build(u: int, seed: int) -> TaskGraph:
         *(Resource(f"gpu0:s{i}", ResourceKind.GPU_STREAM) for i in range(N_STREAMS)),
         Resource("comm:allreduce", ResourceKind.COMM_CHANNEL),
     )
-    return TaskGraph(
+    g = TaskGraph(
         symbols=("cpu_op", "cudaLaunchKernel", "kernel", "cudaStreamSynchronize", "allreduce"),
         resources=resources,
         kind=kind,
@@ -112,3 +112,4 @@ def _build(u: int, seed: int) -> TaskGraph:
         steps=Steps(),
         source=f"<synthetic {n} tasks>",
     )
+    return g.in_time_order()  # numbered like a built trace graph
