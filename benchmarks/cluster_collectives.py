@@ -44,7 +44,7 @@ def main() -> int:
         "",
         head,
         "Fit: `t = a + max(floor, b * size)` (`trainsim.cluster.calibrate.fit_model`) on one calibration run",
-        "(median of the repetitions per size, relative least squares); check: a second, independent run with",
+        "(mean of the repetitions per size, at least 0.3 s of all-reduces each, relative least squares); check: a second, independent run with",
         "new processes. Error = (model - measured) / measured.",
         "",
     ]

@@ -43,11 +43,30 @@ def test_json_round_trip() -> None:
     assert back.predict_us(2048) == pytest.approx(cal.predict_us(2048))
 
 
+def test_host_cpu_line() -> None:
+    sizes = [1024, 65536, 1 << 20]
+    a, b, link = fit_alpha_beta(np.array(sizes), np.array([500.0, 900.0, 9000.0]), world=2)
+    cal = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=sizes, measured_us=[500.0, 900.0, 9000.0],
+                      a_us=a, b_us_per_byte=b, link=link, cpu_sizes_bytes=sizes,
+                      cpu_allreduce_us=[600 + 0.01 * s for s in sizes],
+                      cpu_p2p_us=[200 + 0.004 * s for s in sizes])  # fmt: skip
+    assert cal.cpu_line() == pytest.approx((600.0, 0.01))
+    assert cal.cpu_line(p2p=True) == pytest.approx((100.0, 0.002))  # the pass timed send + receive
+    assert cal.cpu_us(1 << 20) == pytest.approx(600 + 0.01 * (1 << 20))
+    back = Calibration.from_json(cal.to_json())
+    assert back.cpu_us(4096, p2p=True) == pytest.approx(cal.cpu_us(4096, p2p=True))
+    none = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=sizes, measured_us=[1.0, 2.0, 3.0],
+                       a_us=a, b_us_per_byte=b, link=link)  # fmt: skip
+    assert none.cpu_us(1 << 20) == 0.0
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(UserError):
         calibrate(world=1)
     with pytest.raises(UserError):
         calibrate(reps=0)
+    with pytest.raises(UserError):
+        calibrate(budget_s=-1)
 
 
 @pytest.mark.multiproc
@@ -58,3 +77,6 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     cal = calibrate(world=2, max_bytes=64 << 10, reps=2)
     assert cal.where == "loopback" and len(cal.measured_us) == len(default_sizes(64 << 10))
     assert all(t > 0 for t in cal.measured_us)
+    # the CPU pass ran for every size (all are fast here) and measured something
+    assert cal.cpu_sizes_bytes == cal.sizes_bytes and all(c > 0 for c in cal.cpu_allreduce_us)
+    assert len(cal.cpu_p2p_us) == len(cal.sizes_bytes)

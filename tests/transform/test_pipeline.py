@@ -113,6 +113,19 @@ def test_zero_bubble_beats_gpipe_when_f_b_w_are_equal() -> None:
     assert zb.step_ms < gp.step_ms
 
 
+def test_host_cpu_of_sends_and_receives_lands_on_the_ranks() -> None:
+    """Each SEND/RECV action costs its rank ``cpu_us + cpu_us_per_byte * bytes`` of compute time."""
+    prof = _profile()
+    spec = PipeSpec(schedule="GPipe", microbatches=4)
+    free = predict_pipeline(prof, spec, batch_size=32, link=Link(), steps=2)
+    paid = predict_pipeline(prof, spec, batch_size=32, link=Link(cpu_us=300.0, cpu_us_per_byte=1e-3), steps=2)
+    g = paid.graph
+    comm_actions = [i for i in range(g.n_tasks) if "SEND" in g.task_name(i) or "RECV" in g.task_name(i)]
+    assert comm_actions and all(g.dur_us[i] > 300.0 for i in comm_actions)
+    assert all(free.graph.dur_us[i] == 0.0 for i in comm_actions)
+    assert paid.step_ms > free.step_ms
+
+
 def test_bad_input_is_refused() -> None:
     with pytest.raises(UserError, match="needs 2 stage"):
         PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=1)

@@ -8,8 +8,13 @@ Algorithm:
 1. start ``world`` gloo processes (``trainsim.validate.launch``), each in its own network namespace
    joined by links shaped to ``rate_mbit``/``delay_ms`` (``trainsim.validate.netns``), or on loopback
    when no shaping is asked for or namespaces cannot be made;
-2. for sizes from 1 KiB up to ``max_bytes`` (x4 apart) time ``reps`` all-reduces each (after a
-   barrier, median over repetitions, warm-up discarded);
+2. for sizes from 1 KiB up to ``max_bytes`` (x4 apart) time all-reduces (each after a barrier,
+   warm-up discarded): ``reps`` of them, then more until about ``budget_s`` of all-reduce time per
+   size (at most ``MAX_REPS``), and keep the **mean**. A training step pays the sum of its
+   collectives, so the mean is the statistic it sees. The median would hide the tail: on a 2-vCPU
+   machine running 2 ranks, gloo's hand-off between its socket thread and its worker thread waits for
+   a scheduler time slice in 10-40 % of small all-reduces (about 4 ms instead of 0.3-0.5 ms), and
+   the median of a few repetitions landed on either mode;
 3. fit ``t(S) = a + max(floor, b * S)`` minimising the *relative* squared error (``floor = 0``: the
    plain alpha-beta line; see ``fit_model``), and turn it into the ring model's constants:
    ``a + floor = 2(p-1) alpha`` and ``b = 2(p-1)/p / bandwidth`` (``collectives.ring_allreduce_us``).
@@ -25,6 +30,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +50,7 @@ class Calibration:
     """added one-way latency"""
     sizes_bytes: list[int]
     measured_us: list[float]
-    """median all-reduce time per size"""
+    """mean all-reduce time per size"""
     a_us: float
     """fitted fixed cost per all-reduce"""
     b_us_per_byte: float
@@ -56,6 +62,37 @@ class Calibration:
     where: str = "netns"
     """'netns' or 'loopback'"""
     notes: list[str] = field(default_factory=list)
+    cpu_allreduce_us: list[float] = field(default_factory=list)
+    """host CPU time per all-reduce per rank, per size measured (sizes too slow for a pass left out)"""
+    cpu_p2p_us: list[float] = field(default_factory=list)
+    """host CPU time per rank for one send plus one receive of each size"""
+    cpu_sizes_bytes: list[int] = field(default_factory=list)
+    """the sizes of the two lists above"""
+    busy_slowdown: list[float] = field(default_factory=list)
+    """all-reduce time while every rank computes / time on idle ranks, per size of ``cpu_sizes_bytes``"""
+
+    def slowdown(self, size_bytes: float) -> float:
+        """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
+        interpolated in log size between the measured sizes, constant beyond them; 1 if unmeasured."""
+        if not self.busy_slowdown:
+            return 1.0
+        x = np.log(np.maximum(np.asarray(self.cpu_sizes_bytes, float), 1.0))
+        return float(np.interp(np.log(max(float(size_bytes), 1.0)), x, np.asarray(self.busy_slowdown, float)))
+
+    def cpu_line(self, *, p2p: bool = False) -> tuple[float, float]:
+        """``(c0 µs, c1 µs/byte)``: host CPU a rank spends on one all-reduce (or, ``p2p``, on one send
+        or one receive) of S bytes is ``c0 + c1 S``, a linear fit of the CPU pass. Other work on that
+        rank's cores loses this time while the transfer runs. ``(0, 0)`` when nothing was measured."""
+        ys = self.cpu_p2p_us if p2p else self.cpu_allreduce_us
+        half = 2.0 if p2p else 1.0  # the p2p pass timed a send and a receive together
+        if len(ys) < 2:
+            return (float(ys[0]) / half if ys else 0.0), 0.0
+        c0, c1 = _nonneg_line(np.asarray(self.cpu_sizes_bytes, float), np.asarray(ys, float))
+        return c0 / half, c1 / half
+
+    def cpu_us(self, size_bytes: float, *, p2p: bool = False) -> float:
+        c0, c1 = self.cpu_line(p2p=p2p)
+        return c0 + c1 * float(size_bytes)
 
     def predict_us(self, size_bytes: float) -> float:
         return self.a_us + max(self.floor_us, self.b_us_per_byte * size_bytes)
@@ -71,6 +108,13 @@ class Calibration:
         link_d = dict(d["link"])  # type: ignore[call-overload]
         kw = {k: v for k, v in d.items() if k not in ("link", "predicted_us")}
         return Calibration(link=Link(**link_d), **kw)  # type: ignore[arg-type]
+
+
+def _nonneg_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``y ~ c0 + c1 x`` by relative least squares, both coefficients clipped at 0."""
+    w = 1.0 / np.maximum(y, 1e-9)
+    (c0, c1), *_ = np.linalg.lstsq(np.stack([w, x * w], axis=1), np.ones_like(y), rcond=None)
+    return max(float(c0), 0.0), max(float(c1), 0.0)
 
 
 def fit_alpha_beta(sizes: np.ndarray, times_us: np.ndarray, world: int) -> tuple[float, float, Link]:
@@ -131,6 +175,7 @@ def calibrate(
     max_bytes: int = 16 << 20,
     min_bytes: int = 1024,
     reps: int = 5,
+    budget_s: float = 0.3,
     sizes: list[int] | None = None,
     timeout_s: float = 600.0,
     net: object | None = None,
@@ -144,7 +189,9 @@ def calibrate(
     if reps < 1:
         raise UserError(f"calibrate: reps={reps}; expected >= 1")
     sizes = sizes or default_sizes(max_bytes, min_bytes)
-    args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps)]
+    if budget_s < 0:
+        raise UserError(f"calibrate: budget_s={budget_s}; expected >= 0 seconds")
+    args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s)]
     notes: list[str] = []
     if isinstance(net, Netns):
         outs = launch(world, args, net=net, timeout_s=timeout_s)
@@ -164,16 +211,92 @@ def calibrate(
             outs = launch(world, args, net=None, timeout_s=timeout_s)
             where = "loopback"
     data = json.loads(outs[0].strip().splitlines()[-1])
-    med = [float(statistics.median(x)) for x in data["us"]]
+    med = [float(statistics.fmean(x)) for x in data["us"]]
     a, b, floor = fit_model(np.array(sizes), np.array(med))
+    cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) == 4]
     return Calibration(
         world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, sizes_bytes=list(sizes), measured_us=med,
         a_us=a, b_us_per_byte=b, floor_us=floor, link=_ring_link(a + floor, b, world), where=where, notes=notes,
+        cpu_allreduce_us=[c[0] for _, c in cpu], cpu_p2p_us=[c[1] for _, c in cpu],
+        cpu_sizes_bytes=[s for s, _ in cpu], busy_slowdown=[max(1.0, c[3] / c[2]) for _, c in cpu],
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- worker (one per rank)
-def _worker(sizes: list[int], reps: int) -> None:
+MAX_REPS = 400
+CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
+
+
+def _cpu_pass(x: Any, n: int) -> list[float]:
+    """Per operation, averaged over the ranks, in µs: ``[host CPU per all-reduce, host CPU per send +
+    receive, wall time per all-reduce, wall time per all-reduce while every rank computes]``.
+
+    Back-to-back operations with no barrier; ``time.process_time`` counts every thread of the process
+    (gloo's too; waiting for the peer costs nothing). The last figure runs the same all-reduces while a
+    second thread on every rank multiplies matrices without pause, as a training step's computation
+    would: on a host whose cores are all busy, gloo's threads wait for the scheduler and transfers
+    slow down. Empty when the all-reduce is too slow for a pass.
+    """
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    n = max(0, min(100, n))
+    flag = torch.tensor([n], dtype=torch.int64)
+    dist.broadcast(flag, 0)
+    n = int(flag.item())
+    if n < 2:
+        return []
+    rank, world = dist.get_rank(), dist.get_world_size()
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        dist.all_reduce(x)
+    w1, c1 = time.perf_counter(), time.process_time()
+    peer = (rank + 1) % world if rank % 2 == 0 else rank - 1
+    if world % 2 == 0:  # pairs (0,1), (2,3) ...: each rank sends n and receives n messages
+        y = torch.empty_like(x)
+        for _ in range(n):  # as torch's pipeline runtime posts them: batched isend + irecv
+            ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+    c2 = time.process_time()
+    stop = threading.Event()
+
+    def compute() -> None:
+        a = torch.randn(256, 256)
+        while not stop.is_set():
+            a = torch.mm(a, a).clamp_(-1.0, 1.0)
+
+    th = threading.Thread(target=compute, daemon=True)
+    th.start()
+    dist.barrier()
+    w2 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(x)
+    w3 = time.perf_counter()
+    stop.set()
+    th.join()
+    per = torch.tensor([(c1 - c0) / n * 1e6, (c2 - c1) / n * 1e6, (w1 - w0) / n * 1e6, (w3 - w2) / n * 1e6],
+                       dtype=torch.float64)  # fmt: skip
+    dist.all_reduce(per)
+    return (per / world).tolist()
+
+
+def _timed(x: Any, n: int) -> list[float]:
+    """``n`` all-reduces of ``x``, each after a barrier; their times in µs."""
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(n):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times
+
+
+def _worker(sizes: list[int], reps: int, budget_s: float) -> None:
     import torch
     import torch.distributed as dist
 
@@ -181,27 +304,29 @@ def _worker(sizes: list[int], reps: int) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     out: list[list[float]] = []
+    cpu: list[list[float]] = []
     for size in sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
         dist.all_reduce(x)  # warm-up: connections, buffers
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            times.append((time.perf_counter() - t0) * 1e6)
+        times = _timed(x, reps)
+        # rank 0 decides how many more (every rank must run the same number of collectives)
+        more = torch.tensor([min(MAX_REPS - reps, int(budget_s * 1e6 / max(statistics.fmean(times), 1.0)))])
+        dist.broadcast(more, 0)
+        times += _timed(x, max(0, int(more.item())))
         # rank 0's clock decides; the slowest rank finishes the op for everyone
         tt = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(tt, op=dist.ReduceOp.MAX)
         out.append(tt.tolist())
+        slow = statistics.fmean(times) > CPU_PASS_MAX_S * 1e6
+        cpu.append(_cpu_pass(x, 0 if slow else int(budget_s * 1e6 / max(statistics.fmean(times), 1.0))))
     if rank == 0:
-        print(json.dumps({"sizes": sizes, "us": out}), flush=True)
+        print(json.dumps({"sizes": sizes, "us": out, "cpu_us": cpu}), flush=True)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]))
     else:
-        print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS (started by `trainsim calibrate`)")
+        print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS BUDGET_S (started by `trainsim calibrate`)")
         sys.exit(2)

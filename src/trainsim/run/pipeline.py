@@ -125,18 +125,25 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     mine = [s for s in range(spec.n_stages) if s2r[s] == rank]
     mods = {s: nn.Sequential(*[children[i] for i in cfg.layers(spec)[s]]) for s in mine}
     stages = [PipelineStage(mods[s], s, spec.n_stages, torch.device("cpu")) for s in mine]
+    inside = _time_stage_calls(stages)  # wall time spent in the stages' compute calls, per kind
     rt = make_runtime(stages, spec, nn.CrossEntropyLoss())
     params = [p for s in mine for p in mods[s].parameters()]
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
     has_first, has_last = 0 in mine, spec.n_stages - 1 in mine
     losses: list[float] = []
     stamps: list[float] = []
+    cpu_stamps: list[float] = []  # process CPU time (all threads: compute and gloo's)
+    main_stamps: list[float] = []  # this (the compute) thread's CPU time
     for step in range(cfg.warmup + cfg.steps):
         if step == 1 and rank == cfg.crash_rank:
             os._exit(3)
         x, y = batches(step)
+        if step == cfg.warmup:
+            inside.clear()
         if step >= cfg.warmup:
             stamps.append(time.perf_counter())
+            cpu_stamps.append(time.process_time())
+            main_stamps.append(time.thread_time())
         mb_losses: list[torch.Tensor] = []
         args = (x,) if has_first else ()
         kw: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
@@ -146,6 +153,8 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
         if has_last:
             losses.append(float(torch.stack(mb_losses).mean()))
     stamps.append(time.perf_counter())
+    cpu_stamps.append(time.process_time())
+    main_stamps.append(time.thread_time())
     dist.barrier()
     out.write_text(
         json.dumps(
@@ -154,11 +163,34 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "stages": mine,
                 "losses": losses,
                 "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
+                "cpu_ms": [1e3 * (b - a) for a, b in itertools.pairwise(cpu_stamps)],
+                "main_thread_cpu_ms": [1e3 * (b - a) for a, b in itertools.pairwise(main_stamps)],
+                "compute_ms_per_step": {k: 1e3 * v / cfg.steps for k, v in inside.items()},
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
             }
         )
     )
     dist.destroy_process_group()
+
+
+def _time_stage_calls(stages: list[Any]) -> dict[str, float]:
+    """Wrap each stage's forward / backward / weight-gradient call with a wall-clock timer; the
+    returned dict accumulates seconds per call kind (what the rank spent computing, as opposed to
+    posting, waiting for and finishing transfers)."""
+    acc: dict[str, float] = {}
+    for st in stages:
+        for kind, attr in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"), ("W", "backward_weight_one_chunk")):
+            fn = getattr(st, attr)
+
+            def timed(*a: Any, _fn: Any = fn, _k: str = kind, **kw: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*a, **kw)
+                finally:
+                    acc[_k] = acc.get(_k, 0.0) + time.perf_counter() - t0
+
+            setattr(st, attr, timed)
+    return acc
 
 
 def run_pipeline(

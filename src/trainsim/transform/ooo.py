@@ -164,11 +164,20 @@ def dp_graph(prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *,
     return b.build()
 
 
-def steady_step_ms(graph: TaskGraph) -> float:
-    """Mean step time after the first step: distance between the ends of consecutive steps."""
+PerSize = Callable[[float], float]
+"""a per-message quantity as a function of its size in bytes (host CPU µs, slowdown factor)"""
+
+
+def steady_step_ms(
+    graph: TaskGraph, cpu_us: PerSize | None = None, slowdown: PerSize | None = None
+) -> float:
+    """Mean step time after the first step: distance between the ends of consecutive steps.
+    ``cpu_us``: host CPU per all-reduce of S bytes, taken from overlapping compute; ``slowdown``: how
+    much longer an all-reduce of S bytes takes while the ranks compute (``trainsim.simulate.contention``)."""
+    from trainsim.simulate.contention import simulate_contended
     from trainsim.simulate.engine import simulate
 
-    res = simulate(graph)
+    res = simulate(graph) if cpu_us is None else simulate_contended(graph, cpu_us, slowdown)
     steps = int(graph.step.max()) + 1
     ends = np.array([res.end_us[graph.step == s].max() for s in range(steps)])
     if steps == 1:
@@ -176,15 +185,30 @@ def steady_step_ms(graph: TaskGraph) -> float:
     return float((ends[-1] - ends[0]) / (steps - 1) / 1e3)
 
 
-def predict_dp(prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *, steps: int = 4) -> float:
-    """Predicted step time (ms) of reverse-first-k data parallelism."""
-    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps))
+def predict_dp(
+    prof: LayerProfile,
+    batch_size: int,
+    k: int,
+    net: AllReduceTime,
+    *,
+    steps: int = 4,
+    cpu_us: PerSize | None = None,
+    slowdown: PerSize | None = None,
+) -> float:
+    """Predicted step time (ms) of reverse-first-k data parallelism (contention: see ``steady_step_ms``)."""
+    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps), cpu_us, slowdown)
 
 
-def search_k(prof: LayerProfile, batch_size: int, net: AllReduceTime) -> tuple[int, dict[int, float]]:
+def search_k(
+    prof: LayerProfile,
+    batch_size: int,
+    net: AllReduceTime,
+    cpu_us: PerSize | None = None,
+    slowdown: PerSize | None = None,
+) -> tuple[int, dict[int, float]]:
     """The k with the smallest predicted step time (ties: the smaller k), and every k's prediction."""
     n = len(prof.table(batch_size))
-    pred = {k: predict_dp(prof, batch_size, k, net) for k in range(n + 1)}
+    pred = {k: predict_dp(prof, batch_size, k, net, cpu_us=cpu_us, slowdown=slowdown) for k in range(n + 1)}
     best = min(pred, key=lambda k: (round(pred[k], 6), k))
     return best, pred
 

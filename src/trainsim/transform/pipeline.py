@@ -21,7 +21,7 @@ DualPipeV. 1F1B's order comes from ``ScheduleInterleaved1F1B`` with one stage pe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -220,9 +220,15 @@ class Link:
     """bandwidth, Gbit/s"""
     latency_us: float = 50.0
     """per-message latency, µs (one-way delay plus software)"""
+    cpu_us: float = 0.0
+    """host CPU per send or receive, µs: on CPU clusters (gloo) the rank's compute loses it"""
+    cpu_us_per_byte: float = 0.0
 
     def transfer_us(self, size_bytes: int) -> float:
         return self.latency_us + size_bytes * 8 / (self.bw_gbps * 1e3)
+
+    def host_cpu_us(self, size_bytes: int) -> float:
+        return self.cpu_us + self.cpu_us_per_byte * size_bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -297,7 +303,7 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
         tasks: list[tuple[int, Any, int]] = []  # (rank, action, task)
         for r, acts in order.items():
             for a in acts:
-                t = _action_task(b, a, costs, cpu[r], step, ov)
+                t = _action_task(b, a, costs, cpu[r], step, ov, link)
                 tasks.append((r, a, t))
                 kind = a.computation_type.value
                 if kind in ("F", "B", "I", "W"):
@@ -368,12 +374,18 @@ def _dep(b: GraphBuilder, src: int | None, dst: int) -> None:
         b.edge(src, dst)
 
 
-def _action_task(b: GraphBuilder, a: Any, costs: StageCosts, res: int, step: int, ov: float) -> int:
+def _action_task(
+    b: GraphBuilder, a: Any, costs: StageCosts, res: int, step: int, ov: float, link: Link
+) -> int:
     subs = a.sub_actions or (a,)
     dur = 0.0
     for sub in subs:
         k, s = sub.computation_type.value, sub.stage_index
-        if k == "F":
+        if k in ("SEND_F", "RECV_B"):  # this stage's output activation, or its gradient
+            dur += link.host_cpu_us(costs.out_bytes[s])
+        elif k in ("SEND_B", "RECV_F"):  # the previous stage's output, or its gradient
+            dur += link.host_cpu_us(costs.out_bytes[s - 1]) if s > 0 else 0.0
+        elif k == "F":
             dur += costs.fwd_us[s] + ov
         elif k == "B":
             dur += costs.bwd_us[s] + ov
@@ -409,8 +421,13 @@ def predict_pipeline(
     split: Sequence[int] | None = None,
     overhead_us: float = 0.0,
     steps: int = 4,
+    slowdown: Callable[[float], float] | None = None,
 ) -> PipePrediction:
-    """Predicted step time (ms) of ``spec`` from a single-process per-layer profile."""
+    """Predicted step time (ms) of ``spec`` from a single-process per-layer profile. ``slowdown``: how
+    much slower a transfer of S bytes runs while the ranks compute (a calibration's ``slowdown``; CPU
+    hosts), applied with ``trainsim.simulate.contention``; the host CPU of sends and receives is in
+    ``link``."""
+    from trainsim.simulate.contention import comm_slowdown_column, simulate_with_host_cpu
     from trainsim.simulate.engine import simulate
 
     if batch_size % spec.microbatches:
@@ -423,7 +440,10 @@ def predict_pipeline(
     sizes = list(split) if split else plan_split([r["fwd_us"] + r["bwd_us"] for r in rows], spec.n_stages)
     layers = check_split(sizes, n_layers, spec.n_stages)
     g = pipeline_graph(spec, stage_costs(prof, layers, micro, overhead_us), link, steps=steps)
-    res = simulate(g)
+    if slowdown is None:
+        res = simulate(g)
+    else:
+        res = simulate_with_host_cpu(g, np.zeros(g.n_tasks), comm_slowdown=comm_slowdown_column(g, slowdown))
     ends = np.array([res.end_us[g.step == s].max() for s in range(steps)])
     step_ms = float((ends[-1] - ends[0]) / (steps - 1) / 1e3) if steps > 1 else float(ends[0] / 1e3)
     return PipePrediction(spec, layers, step_ms, g)

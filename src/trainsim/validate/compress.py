@@ -159,7 +159,7 @@ def run_harness(
     from trainsim.compress.secopa import Plan
     from trainsim.graph.ir import TaskKind
     from trainsim.models.zoo import build
-    from trainsim.simulate.engine import simulate
+    from trainsim.simulate.contention import simulate_contended
     from trainsim.transform.compression import CodecCost, CompressConfig, compression
     from trainsim.transform.dataparallel import dp_step_ms
     from trainsim.transform.primitives import scale
@@ -212,7 +212,8 @@ def run_harness(
                                             "scheme": c.scheme, "steps": steps, "warmup": warmup}  # fmt: skip
                     if c.algorithm == "none":
                         pred = predict_ms(
-                            prof, DPRun(model=c.model, rate_mbit=rate, delay_ms=delay), cal.predict_us
+                            prof, DPRun(model=c.model, rate_mbit=rate, delay_ms=delay), cal.predict_us,
+                            cpu_us=cal.cpu_us, slowdown=cal.slowdown,
                         )
                     else:
                         cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
@@ -227,7 +228,8 @@ def run_harness(
                         g2 = compression(
                             prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link
                         )
-                        pred = dp_step_ms(simulate(g2).step_ms, "ddp")
+                        res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
+                        pred = dp_step_ms(res2.step_ms, "ddp")
                     log(f"running {c.label()} (predicted {pred:.1f} ms)")
                     out = launch(
                         2, ["-m", "trainsim.validate.compress", json.dumps(wcfg)], net=net, timeout_s=600
@@ -332,14 +334,24 @@ def worker(cfg: dict[str, Any]) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     warmup, steps = int(cfg["warmup"]), int(cfg["steps"])
-    starts = []
+    starts, cpu, main_cpu, bwd = [], [], [], []
     for step in range(warmup + steps + 1):
         starts.append(time.perf_counter())
+        cpu.append(time.process_time())
+        main_cpu.append(time.thread_time())
         x, y = batch(step * 1000 + rank)
         opt.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
+        loss = loss_fn(net(x), y)
+        t0 = time.perf_counter()
+        loss.backward()  # with DDP: until every bucket's hook future is done
+        bwd.append((time.perf_counter() - t0) * 1e3)
         opt.step()
     step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
+    diag = {
+        "cpu_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(cpu)][warmup:],
+        "main_thread_cpu_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(main_cpu)][warmup:],
+        "backward_ms": bwd[warmup:-1],
+    }
     t = torch.tensor(step_ms, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     check = torch.tensor(
@@ -349,7 +361,7 @@ def worker(cfg: dict[str, Any]) -> None:
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
     if rank == 0:
-        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync}), flush=True)
+        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag}), flush=True)
     dist.barrier()
 
 

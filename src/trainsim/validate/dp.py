@@ -216,23 +216,42 @@ def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool 
                      traced_ms, plain_ms, corun_ms, alone)  # fmt: skip
 
 
+P3_AGREE_MAX_US = 3000.0
+"""the P3 runtime's threshold for agreement rounds (``dp_worker.P3Runtime``, ``agree_max_us``)"""
+
+
 def predict_ms(
-    prof: _Profiled, cfg: RunConfig, comm_us: Callable[[float], float], *, mode: str | None = None, alone: bool = False
+    prof: _Profiled,
+    cfg: RunConfig,
+    comm_us: Callable[[float], float],
+    *,
+    mode: str | None = None,
+    alone: bool = False,
+    cpu_us: Callable[[float], float] | None = None,
+    slowdown: Callable[[float], float] | None = None,
 ) -> float:
     """Predicted steady-state step time of ``cfg`` from the single-process profile (``mode`` overrides
     ``cfg.mode``, e.g. ``"bytescheduler"``, which has a model but no runtime here; ``alone``: without the
-    co-run factor)."""
+    co-run factor; ``cpu_us``: host CPU per all-reduce of S bytes, taken from overlapping compute;
+    ``slowdown``: how much longer an all-reduce of S bytes takes while the ranks compute; both
+    ``trainsim.simulate.contention``)."""
+    from trainsim.simulate.contention import simulate_contended
     from trainsim.simulate.engine import simulate
     from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms
 
     m = mode or cfg.mode
     dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes)
+    # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
+    # where such a round trip is cheap (P3Runtime, agree_max_us), else piggybacks the counters
+    tiny = comm_us(4 * cfg.world)
+    agree_us = tiny if m == "p3" and tiny <= P3_AGREE_MAX_US else 0.0
     g = data_parallel(
         prof.graph_alone if alone else prof.graph, prof.params, prof.layers, dpc,
-        comm_us=lambda b: comm_us(b),
+        comm_us=lambda b: comm_us(b) + agree_us,
         broadcast_us=lambda b: comm_us(b) / 2,  # two ranks: one message instead of the ring's two steps
     )  # fmt: skip
-    return dp_step_ms(simulate(g).step_ms, m)
+    res = simulate(g) if cpu_us is None else simulate_contended(g, cpu_us, slowdown)
+    return dp_step_ms(res.step_ms, m)
 
 
 def run_harness(
@@ -278,7 +297,7 @@ def run_harness(
                 where = cal.where
                 for c in group:
                     prof = profiled[c.model, c.world]
-                    pred = predict_ms(prof, c, cal.predict_us)
+                    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown)
                     pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
                     log(f"running {c.label()} (predicted {pred:.1f} ms)")
                     wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup,

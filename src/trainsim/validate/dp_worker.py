@@ -16,6 +16,9 @@ Modes:
   SGD update (``P3Runtime``).
 
 Prints one JSON line on rank 0: ``{"step_ms": [...], ...}`` (wall time between consecutive step starts).
+With ``"trace": true`` the p3 mode adds ``p3_log``: ``(kind, layer, start ms, end ms)`` of every slice
+all-reduce (``"slice"``) and every wait of a forward for its layer's slices (``"wait"``), relative to
+the first measured step's start, and ``step_starts_ms``.
 """
 
 from __future__ import annotations
@@ -32,13 +35,21 @@ from typing import Any
 class P3Runtime:
     """Priority-ordered, sliced gradient all-reduce with per-layer updates (see the module docstring).
 
-    Ranks must agree on which slice to send next without a round trip. Every all-reduce carries, after
-    the slice, one counter per rank (the number of slices that rank had queued); after the SUM each rank
-    knows the minimum, so the next pick is "the highest-priority unsent slice among the first ``agreed``
-    queued ones" (queue order is the same on every rank: backward order), or the first unsent one.
+    Ranks must agree on which slice to send next; queue order is the same on every rank (backward
+    order), so it is enough to agree on how many slices every rank has queued, ``agreed``, and pick the
+    highest-priority unsent slice among the first ``agreed``. Two ways, chosen once at start by rank 0
+    from the measured cost of a tiny all-reduce (``agree_max_us``):
+
+    * *agreement round* (cheap links): before each slice, one tiny all-reduce of a counter per rank;
+      ``agreed`` is then current, so a layer that became ready during the previous slice is known to
+      be ready everywhere;
+    * *piggyback* (high-latency links, where a round trip costs as much as a slice): the counters ride
+      on the previous slice's all-reduce, as old as its start; when no agreed slice is left, the first
+      unsent one in queue order goes. On cnn at 100 Mbit/s this made the input layer's forward wait
+      45 ms behind a 33 ms slice of a deeper layer that the counters still said was the only one ready.
     """
 
-    def __init__(self, model: Any, lr: float, slice_bytes: int) -> None:
+    def __init__(self, model: Any, lr: float, slice_bytes: int, agree_max_us: float = 3000.0) -> None:
         import torch
         import torch.distributed as dist
 
@@ -56,6 +67,7 @@ class P3Runtime:
         self.left: dict[int, int] = {}  # layer -> slices not yet reduced
         self.ready = [threading.Event() for _ in self.layers]
         self.total_steps = 0
+        self.log: list[tuple[str, int, float, float]] | None = None  # ("slice"/"wait", layer, t0, t1)
         self.stop = False
         self.error: BaseException | None = None
         # --- per-step bookkeeping on the main thread
@@ -65,6 +77,7 @@ class P3Runtime:
             for p in m.parameters():
                 p.register_post_accumulate_grad_hook(lambda _p, li=li: self._grad_ready(li))
             m.register_forward_pre_hook(lambda _m, _a, li=li: self._before_forward(li))
+        self.agree_rounds = self._probe_round_trip_us() <= agree_max_us
         self.thread = threading.Thread(target=self._comm_loop, daemon=True)
         self.thread.start()
 
@@ -91,7 +104,10 @@ class P3Runtime:
     def _before_forward(self, li: int) -> None:
         if self.first_step:
             return
+        t0 = time.perf_counter()
         self.ready[li].wait()
+        if self.log is not None:
+            self.log.append(("wait", li, t0, time.perf_counter()))
         self._raise()
         self.ready[li].clear()
         params = list(self.layers[li][1].parameters())
@@ -120,34 +136,56 @@ class P3Runtime:
         if self.error is not None:
             raise RuntimeError(f"P3 communication thread failed: {self.error!r}")
 
+    def _probe_round_trip_us(self) -> float:
+        """Mean time of a tiny all-reduce, rank 0's measurement for everyone."""
+        torch, dist = self.torch, self.dist
+        x = torch.zeros(self.world)
+        dist.all_reduce(x)
+        t0 = time.perf_counter()
+        for _ in range(10):
+            dist.all_reduce(x)
+        us = torch.tensor([(time.perf_counter() - t0) / 10 * 1e6])
+        dist.broadcast(us, 0)
+        return float(us.item())
+
     # ---------------------------------------------------------------- communication thread
     def _comm_loop(self) -> None:
         torch, dist = self.torch, self.dist
         agreed = 0
+        w = self.world
         try:
             while True:
-                with self.cond:
-                    while True:
-                        if self.stop and len(self.sent) == len(self.queue):
+                with self.cond:  # wait until this rank has an unsent slice (or is told to stop)
+                    while len(self.sent) == len(self.queue):
+                        if self.stop:
                             return
-                        cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
-                        if cand:
-                            pick = min(cand, key=lambda k: (self.queue[k][0], k))
-                            break
-                        nxt = next((k for k in range(len(self.queue)) if k not in self.sent), None)
-                        if nxt is not None:
-                            pick = nxt
-                            break
                         self.cond.wait()
-                    li, _, s, e = self.queue[pick]
                     progress = len(self.queue)
+                if self.agree_rounds:
+                    counts = torch.zeros(w)
+                    counts[self.rank] = float(progress)
+                    dist.all_reduce(counts)
+                    agreed = int(counts.min().item())
+                with self.cond:
+                    cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
+                    if cand:
+                        pick = min(cand, key=lambda k: (self.queue[k][0], k))  # input-most layer first
+                    else:  # piggyback mode, nothing agreed left: queue order (same on every rank)
+                        pick = next(k for k in range(len(self.queue)) if k not in self.sent)
+                    li, _, s, e = self.queue[pick]
                     flat = self.flat[li]
-                buf = torch.zeros(e - s + self.world)
-                buf[: e - s] = flat[s:e]
-                buf[e - s + self.rank] = float(progress)
+                n = e - s
+                buf = torch.zeros(n + (0 if self.agree_rounds else w))
+                buf[:n] = flat[s:e]
+                if not self.agree_rounds:
+                    buf[n + self.rank] = float(progress)
+                t0 = time.perf_counter()
                 dist.all_reduce(buf)
-                flat[s:e] = buf[: e - s]
-                agreed = int(buf[e - s :].min().item())
+                if self.log is not None:
+                    self.log.append(("slice", li, t0, time.perf_counter()))
+                flat[s:e] = buf[:n]
+                if not self.agree_rounds:
+                    agreed = int(buf[n:].min().item())
                 with self.cond:
                     self.sent.add(pick)
                     self.left[li] -= 1
@@ -208,9 +246,11 @@ def main(cfg: dict[str, Any]) -> None:
         # same initial weights on every rank (DDP broadcasts them; here rank 0's are broadcast once)
         for p in model.parameters():
             dist.broadcast(p.data, 0)
-        rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)))
+        rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)), float(cfg.get("agree_max_us", 3000.0)))
         for step in range(warmup + steps + 1):
             starts.append(time.perf_counter())
+            if step == warmup and cfg.get("trace"):
+                rt.log = []
             x, y = batch(step * 1000 + rank)
             rt.begin_step()
             for p in model.parameters():
@@ -220,6 +260,11 @@ def main(cfg: dict[str, Any]) -> None:
             rt.end_step()
             loss.detach().item()
         rt.finish()
+        extra["p3_agreement_rounds"] = rt.agree_rounds
+        if rt.log is not None:  # --- timeline of the measured steps, relative to their first start
+            t_ref = starts[warmup]
+            extra["p3_log"] = [(k, li, round((a - t_ref) * 1e3, 3), round((b - t_ref) * 1e3, 3)) for k, li, a, b in rt.log]
+            extra["step_starts_ms"] = [round((t - t_ref) * 1e3, 3) for t in starts[warmup:]]
     else:
         raise SystemExit(f"dp_worker: unknown mode {mode!r}")
     step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]

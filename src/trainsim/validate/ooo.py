@@ -134,13 +134,15 @@ def run_ooo_validation(
                 world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=sizes, reps=5, net=net
             )
             if case.k is None:
-                k, _ = search_k(prof, case.batch_size, cal.predict_us)
+                k, _ = search_k(prof, case.batch_size, cal.predict_us, cal.cpu_us, cal.slowdown)
             else:
                 k = case.k
             base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup)
             measured: dict[str, float] = {}
             for label, kk in (("ddp-order", 0), ("reverse-first-k", k)):
-                pred = predict_dp(prof, case.batch_size, kk, cal.predict_us)
+                pred = predict_dp(
+                    prof, case.batch_size, kk, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown
+                )
                 log(f"running {case.model} k={kk} ({label}), predicted {pred:.1f} ms")
                 res = run_dp(
                     DpRunConfig(mode="ooo", k=kk, **_zoo_fields(case), **base),  # type: ignore[arg-type]

@@ -128,12 +128,17 @@ def run_pipeline_validation(
             world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=out_bytes, reps=5, net=net
         )
         # p2p of S bytes ~ one step of the 2-rank ring: a/2 fixed, b per byte (see module docstring)
-        link = Link(bw_gbps=8 / (cal.b_us_per_byte * 1e3), latency_us=cal.a_us / 2)
+        c0, c1 = cal.cpu_line(p2p=True)
+        link = Link(
+            bw_gbps=8 / (cal.b_us_per_byte * 1e3), latency_us=cal.a_us / 2, cpu_us=c0, cpu_us_per_byte=c1
+        )
+        log(f"host CPU per send or receive: {c0:.0f} us + {c1 * 1e3:.3f} us/KB")
         for m in case.microbatches:
             for name, spr in case.schedules:
                 spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
                 pred = predict_pipeline(
-                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m]
+                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
+                    slowdown=cal.slowdown,
                 )
                 sizes = tuple(len(s) for s in pred.split)
                 label = f"{name}/{spr}"

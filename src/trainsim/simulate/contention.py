@@ -1,0 +1,145 @@
+"""Communication that also needs the host CPU: replay with the compute it slows down.
+
+    >>> from trainsim.simulate.contention import simulate_with_host_cpu
+    >>> res = simulate_with_host_cpu(graph, comm_cpu_us)     # doctest: +SKIP
+
+On a GPU cluster a collective runs on the NIC and the GPU's copy engines, and the host threads that
+issue work barely notice it. On a CPU cluster (gloo over TCP) every transfer is also host CPU work:
+gloo's socket and worker threads, the kernel's TCP stack. On this project's 2-vCPU test machine a
+2-rank all-reduce of 4 MiB costs each rank about 23 ms of CPU time against 47 ms of wall time, and even
+a 1 KiB one about 0.6 ms (``trainsim.cluster.calibrate``, the CPU pass). Where that work overlaps
+computation, the computation runs slower.
+
+Model, both ways:
+
+* *communication slows computation*: a transfer k that lasts ``d_k`` and needs ``c_k`` of host CPU
+  uses a share ``u_k = min(1, c_k / d_k)`` of one core while it runs; the load
+  ``L(t) = min(1/2, sum of u_k over the transfers running at t)`` is taken away from the compute
+  threads (at most half a core: the fair scheduler splits a contended core evenly): a CPU task that
+  needs ``b`` of CPU and starts at ``s`` lasts ``x = b + integral of L over [s, s + x]``;
+* *computation slows communication*: gloo's threads wait for the scheduler when every core computes,
+  so a transfer progresses ``sigma_k`` times slower (measured by the calibration with a compute thread
+  on every rank) while the compute threads are busy: one that needs ``b`` and overlaps ``B`` of
+  computation lasts ``b + B (1 - 1/sigma_k)``.
+
+Stretching moves the schedule, so the replay is repeated with the new durations, each time from the
+original ones plus what the previous schedule implies (a fixed-point iteration, ``rounds`` times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from trainsim.graph.ir import F64, ResourceKind, TaskGraph, TaskKind
+from trainsim.simulate.engine import SimResult, simulate
+
+
+def _load_integral(start: F64, end: F64, src: np.ndarray, weight: F64, cap: float) -> tuple[F64, F64]:
+    """Knots ``(t, F)`` of ``F(t) = integral of min(cap, sum of weight over the sources running)``."""
+    t = np.concatenate((start[src], end[src]))
+    dl = np.concatenate((weight, -weight))
+    order = np.argsort(t, kind="stable")
+    t, dl = t[order], dl[order]
+    load = np.minimum(cap, np.maximum(0.0, np.cumsum(dl)))  # load on [t[j], t[j+1])
+    return t, np.concatenate(([0.0], np.cumsum(load[:-1] * np.diff(t))))
+
+
+def overlap_us(start: F64, end: F64, src: np.ndarray, weight: F64, dst: np.ndarray, cap: float = 1.0) -> F64:
+    """For each task in ``dst``: the integral over its span of ``min(cap, sum of weight over the tasks
+    of ``src`` running at that time)``; 0 for the other tasks."""
+    out = np.zeros(start.shape[0])
+    if not src.size or not dst.size:
+        return out
+    t, cum = _load_integral(start, end, src, weight, cap)
+    out[dst] = np.interp(end[dst], t, cum) - np.interp(start[dst], t, cum)
+    return out
+
+
+MAX_STOLEN_SHARE = 0.5
+"""A CPU-bound compute thread keeps at least half of its core against the transfers' threads (the
+kernel's fair scheduler splits a contended core evenly)."""
+
+
+def stretched_us(start: F64, base: F64, comm_start: F64, comm_end: F64, share: F64, victims: np.ndarray) -> F64:
+    """New durations of the victims: each needs ``base`` of CPU and loses the transfers' load (at most
+    ``MAX_STOLEN_SHARE``) while it runs, so it lasts ``x = base + integral of the load over [s, s + x]``
+    (solved by fixed-point iteration: a contraction, the load being below 1)."""
+    out = base.copy()
+    if not share.size or not victims.size:
+        return out
+    t, cum = _load_integral(
+        comm_start, comm_end, np.arange(share.size), share, MAX_STOLEN_SHARE
+    )
+    s = start[victims]
+    fs = np.interp(s, t, cum)
+    x = base[victims].copy()
+    for _ in range(30):
+        x_new = base[victims] + np.interp(s + x, t, cum) - fs
+        if np.allclose(x_new, x, rtol=1e-6, atol=1e-3):
+            x = x_new
+            break
+        x = x_new
+    out[victims] = x
+    return out
+
+
+def comm_cpu_column(g: TaskGraph, cpu_us: Callable[[float], float]) -> F64:
+    """Per-task host CPU of ``g``'s communication: ``cpu_us(size_bytes)`` for each COMM task with a
+    known size (a broadcast from a 2-rank group: half, one message instead of two ring steps), 0 else."""
+    out = np.zeros(g.n_tasks)
+    for t in np.flatnonzero((g.kind == TaskKind.COMM) & (g.size_bytes > 0)):
+        c = cpu_us(float(g.size_bytes[t]))
+        out[t] = c / 2 if g.task_name(int(t)).startswith("broadcast") else c
+    return out
+
+
+def comm_slowdown_column(g: TaskGraph, slowdown: Callable[[float], float]) -> F64:
+    """Per-task ``slowdown(size_bytes)`` (>= 1) for COMM tasks with a known size, 1 for the rest."""
+    out = np.ones(g.n_tasks)
+    for t in np.flatnonzero((g.kind == TaskKind.COMM) & (g.size_bytes > 0)):
+        out[t] = max(1.0, slowdown(float(g.size_bytes[t])))
+    return out
+
+
+def simulate_contended(
+    g: TaskGraph, cpu_us: Callable[[float], float], slowdown: Callable[[float], float] | None = None
+) -> SimResult:
+    """``simulate_with_host_cpu`` with both columns derived from per-size functions (a calibration's
+    ``cpu_us`` and ``slowdown``)."""
+    sigma = None if slowdown is None else comm_slowdown_column(g, slowdown)
+    return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma)
+
+
+def simulate_with_host_cpu(
+    g: TaskGraph, comm_cpu_us: F64, *, comm_slowdown: F64 | None = None, rounds: int = 3
+) -> SimResult:
+    """Replay ``g`` with communication tasks taking ``comm_cpu_us`` (per task; 0 for the rest) of host
+    CPU from the compute threads they overlap, and running ``comm_slowdown`` times slower (per task,
+    >= 1) while those threads compute (see the module docstring)."""
+    cpu = np.asarray(comm_cpu_us, dtype=np.float64)
+    if cpu.shape != (g.n_tasks,):
+        raise ValueError(f"comm_cpu_us has shape {cpu.shape}, expected ({g.n_tasks},)")
+    sigma = np.ones(g.n_tasks) if comm_slowdown is None else np.asarray(comm_slowdown, dtype=np.float64)
+    if sigma.shape != (g.n_tasks,):
+        raise ValueError(f"comm_slowdown has shape {sigma.shape}, expected ({g.n_tasks},)")
+    res = simulate(g)
+    comm = np.flatnonzero(((cpu > 0) | (sigma > 1)) & (g.kind == TaskKind.COMM) & (g.dur_us > 0))
+    if not comm.size:
+        return res
+    on_cpu = np.array([r.kind == ResourceKind.CPU_THREAD for r in g.resources], bool)[g.resource]
+    working = (g.kind == TaskKind.CPU) | (g.kind == TaskKind.RUNTIME)  # not SYNC: waiting needs no CPU
+    victims = np.flatnonzero(on_cpu & working & (g.dur_us > 0))
+    base = g.dur_us
+    for _ in range(rounds):
+        cs, ce = res.start_us[comm], res.end_us[comm]
+        d = ce - cs
+        share = np.minimum(1.0, cpu[comm] / np.maximum(d, 1e-9))
+        dur = stretched_us(res.start_us, base, cs, ce, share, victims)
+        # during the B us of its span in which the compute threads are busy, a transfer progresses at
+        # 1/sigma of its speed: it lasts base + B (1 - 1/sigma)
+        busy = overlap_us(res.start_us, res.end_us, victims, np.ones(victims.size), comm)[comm]
+        dur[comm] = base[comm] + busy * (1.0 - 1.0 / sigma[comm])
+        res = simulate(g.with_columns(dur_us=dur))
+    return res

@@ -1,0 +1,100 @@
+"""Host CPU taken by communication from the compute it overlaps (simulate.contention)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskKind
+from trainsim.simulate.contention import (
+    comm_cpu_column,
+    comm_slowdown_column,
+    overlap_us,
+    simulate_with_host_cpu,
+    stretched_us,
+)
+from trainsim.simulate.engine import simulate
+
+
+def test_overlap_is_the_integral_of_the_load() -> None:
+    # transfers: [0, 10) using half a core, [5, 15) using half a core -> load 0.5, 1.0, 0.5
+    start = np.array([0.0, 5.0, 0.0, 12.0, 20.0])
+    end = np.array([10.0, 15.0, 20.0, 14.0, 30.0])
+    out = overlap_us(start, end, np.array([0, 1]), np.array([0.5, 0.5]), np.array([2, 3, 4]))
+    assert out[2] == pytest.approx(0.5 * 5 + 1.0 * 5 + 0.5 * 5)  # all of it
+    assert out[3] == pytest.approx(0.5 * 2)  # [12, 14): only the second transfer
+    assert out[4] == 0.0  # after every transfer
+    assert out[0] == out[1] == 0.0  # sources are not destinations
+    capped = overlap_us(start, end, np.array([0, 1]), np.array([0.5, 0.5]), np.array([2]), cap=0.5)
+    assert capped[2] == pytest.approx(0.5 * 15)
+
+
+def test_stretch_solves_the_processor_sharing_fixed_point() -> None:
+    # one transfer [0, 1000) taking 40 % of a core; a task needing 100 us from t=0 runs at 60 % speed
+    start = np.array([0.0, 0.0, 2000.0])
+    base = np.array([1000.0, 100.0, 100.0])
+    out = stretched_us(start, base, np.array([0.0]), np.array([1000.0]), np.array([0.4]), np.array([1, 2]))
+    assert out[1] == pytest.approx(100.0 / 0.6, rel=1e-4)
+    assert out[2] == 100.0  # after the transfer: untouched
+    assert out[0] == 1000.0  # not a victim
+    # the stolen share is capped at half a core: a transfer asking for all of it halves the speed
+    full = stretched_us(start, base, np.array([0.0]), np.array([1000.0]), np.array([1.0]), np.array([1]))
+    assert full[1] == pytest.approx(200.0, rel=1e-4)
+
+
+def _overlap_graph(cpu_after_comm: float) -> tuple[object, int, int]:
+    b = GraphBuilder("t")
+    main = b.resource("cpu:main", ResourceKind.CPU_THREAD)
+    chan = b.resource("comm", ResourceKind.COMM_CHANNEL)
+    a = b.task("backward", TaskKind.CPU, main, 100.0)
+    c = b.task("allreduce", TaskKind.COMM, chan, 200.0, deps=[a], size_bytes=1 << 20)
+    f = b.task("next_forward", TaskKind.CPU, main, 100.0)
+    opt = b.task("optimizer", TaskKind.CPU, main, cpu_after_comm, deps=[c])
+    return b.build(), f, opt
+
+
+def test_overlapped_compute_is_stretched_and_the_step_grows() -> None:
+    g, fwd, opt = _overlap_graph(10.0)
+    plain = simulate(g)
+    cpu = np.zeros(g.n_tasks)
+    cpu[g.kind == TaskKind.COMM] = 100.0  # half a core for the transfer's 200 us
+    res = simulate_with_host_cpu(g, cpu)
+    # the forward (100 us of CPU from t=100) overlaps the transfer (t=100..300), which takes half a
+    # core: it runs at half speed, so it lasts 200 us
+    assert res.end_us[fwd] - res.start_us[fwd] == pytest.approx(200.0, rel=1e-3)
+    # the optimizer waits for the transfer either way; it starts at 300 in both replays
+    assert res.start_us[opt] == pytest.approx(plain.start_us[opt]) == pytest.approx(300.0)
+    assert res.makespan_us >= plain.makespan_us
+
+
+def test_no_cpu_means_the_plain_replay() -> None:
+    g, _, _ = _overlap_graph(10.0)
+    res = simulate_with_host_cpu(g, np.zeros(g.n_tasks))
+    np.testing.assert_allclose(res.end_us, simulate(g).end_us)
+    with pytest.raises(ValueError, match="shape"):
+        simulate_with_host_cpu(g, np.zeros(1))
+
+
+def test_comm_cpu_column_uses_sizes_and_halves_broadcasts() -> None:
+    b = GraphBuilder("t")
+    chan = b.resource("comm", ResourceKind.COMM_CHANNEL)
+    b.task("allreduce:x", TaskKind.COMM, chan, 10.0, size_bytes=1000)
+    b.task("broadcast:buffers", TaskKind.COMM, chan, 10.0, size_bytes=1000)
+    b.task("unknown size", TaskKind.COMM, chan, 10.0)
+    g = b.build()
+    col = comm_cpu_column(g, lambda s: 5.0 + s / 100)
+    assert col.tolist() == [15.0, 7.5, 0.0]
+    assert comm_slowdown_column(g, lambda s: 0.5 if s < 10 else 1.5).tolist() == [1.5, 1.5, 1.0]
+
+
+def test_busy_compute_slows_the_transfer_it_overlaps() -> None:
+    g, _fwd, opt = _overlap_graph(10.0)
+    sigma = np.where(g.kind == TaskKind.COMM, 2.0, 1.0)
+    res = simulate_with_host_cpu(g, np.zeros(g.n_tasks), comm_slowdown=sigma)
+    comm = int(np.flatnonzero(g.kind == TaskKind.COMM)[0])
+    # the transfer (200 us of work from t=100) overlaps the 100 us forward, during which it runs at
+    # half speed (50 us of progress): it lasts 100 + 150 = 250 us
+    assert res.end_us[comm] - res.start_us[comm] == pytest.approx(250.0)
+    assert res.start_us[opt] == pytest.approx(350.0)
+    with pytest.raises(ValueError, match="comm_slowdown"):
+        simulate_with_host_cpu(g, np.zeros(g.n_tasks), comm_slowdown=np.ones(2))
