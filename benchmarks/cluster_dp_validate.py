@@ -59,7 +59,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
     from trainsim.validate.dp import FULL, QUICK, run_harness, summary
 
@@ -85,7 +85,8 @@ def main() -> int:
         "training (torch DDP over gloo, or the P3-style runtime of `trainsim.validate.dp_worker`), each process",
         "in its own network namespace, links shaped with tc tbf (+ the delay line for latency; this kernel has",
         "no netem). Measured = median step time over the measured steps (after warm-up). *Predicted* includes",
-        "the co-run factor (the plain loop's step time with 2 copies at once / alone, no communication);",
+        "the co-run factor (the plain loop's step time with 2 copies at once / alone, no communication),",
+        "measured again just before each run because the shared host's speed drifts between runs;",
         "*profile alone* is the prediction from the one-process profile only.",
         "",
         "| model | link | added latency | mode | predicted ms | measured ms | error | profile alone ms | error |",

@@ -135,3 +135,18 @@ def test_world_one_and_no_params() -> None:
         read_params({"model": "x", "params": []})
     with pytest.raises(UserError):
         DPConfig(world=0)
+
+
+def test_host_overhead_delays_the_last_bucket() -> None:
+    g, params, layers = _profile_like()
+    plain = simulate(data_parallel(g, params, layers, DPConfig(world=2), comm_us=lambda n: 10.0))
+    # b ready at 41 -> bucket0 41..51; a's backward ends at 61, then 30 us of DDP's own work, then its
+    # AccumulateGrad: a ready at 92 -> bucket1 92..102 -> optimizer 102..107 (77 without the overhead)
+    cfg = DPConfig(world=2, host_overhead_us=30.0)
+    dp = data_parallel(g, params, layers, cfg, comm_us=lambda n: 10.0)
+    res = simulate(dp)
+    assert plain.step_ms[:-1] * 1e3 == pytest.approx([77.0, 77.0])
+    assert res.step_ms[:-1] * 1e3 == pytest.approx([107.0, 107.0])
+    assert sum(dp.task_name(t) == "ddp:host-overhead" for t in range(dp.n_tasks)) == 3
+    with pytest.raises(UserError, match="host_overhead_us"):
+        DPConfig(world=2, host_overhead_us=-1.0)

@@ -78,3 +78,24 @@ def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_shape_from_summary() -> None:
     assert json.loads(json.dumps(summary([])))["mean_abs_error_pct"] is None
+
+
+@pytest.mark.multiproc
+def test_runtime_overhead_one_process() -> None:
+    """DDP's and the P3 runtime's own work per step, timed in a process group of one rank."""
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": "mlp", "mode": "overhead", "steps": 3, "warmup": 2, "slice_bytes": 1 << 20})
+    data = json.loads(launch(1, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+    assert data["plain_ms"] > 0 and data["ddp_ms"] > 0 and data["p3_ms"] > 0
+    assert data["overhead_ms"] == pytest.approx(max(0.0, data["ddp_ms"] - data["plain_ms"]))
+    assert data["p3_overhead_ms"] == pytest.approx(max(0.0, data["p3_ms"] - data["p3_plain_ms"]))
+
+
+def test_straggler_wait_by_hand() -> None:
+    from trainsim.validate.dp import straggler_ms
+
+    assert straggler_ms([[10.0] * 5, [10.0] * 5]) == 0.0
+    assert straggler_ms([[10.0, 20.0]]) == 0.0  # one rank waits for nobody
+    # two ranks, each step 10 or 20 ms with equal odds: E[max] = 17.5, median 15
+    assert straggler_ms([[10.0, 20.0], [10.0, 20.0]], draws=20000) == pytest.approx(2.5, abs=0.15)

@@ -38,7 +38,7 @@ from trainsim.cluster.catalog import Link
 from trainsim.cluster.collectives import allgather_us, ring_allreduce_us
 from trainsim.errors import UserError
 from trainsim.graph.ir import EdgeKind, ResourceKind, TaskGraph, TaskKind
-from trainsim.transform.dataparallel import ParamInfo, ddp_buckets, step_anchors
+from trainsim.transform.dataparallel import ParamInfo, ddp_buckets, step_anchors, with_host_overhead
 from trainsim.transform.primitives import add_edges, insert
 
 SCHEMES = ("allgather", "ps", "ring")
@@ -58,6 +58,8 @@ class CompressConfig:
     """allgather | ps | ring (CaSync)"""
     min_numel: int = 1024
     """smaller gradients are all-reduced uncompressed (the hook's default)"""
+    host_overhead_us: float = 0.0
+    """DDP's own host work per step (``DPConfig.host_overhead_us``); the hook's work is added apart"""
     plan: Any = None
     """a ``trainsim.compress.secopa.Plan`` (compress / partitions per gradient), or None"""
     bucket_cap_mb: float = 25.0
@@ -238,6 +240,8 @@ def compression(
                 comm, n_dec, what = allgather_us(p * wire, p, link), p, "allgather"
             t_comm = rows.comm(f"{what}:compressed{b}", comm, wire, after=[t_enc])
             rows.callback(f"decode:bucket{b}", n_dec * dec, after=[t_comm], waits=opt_wait)  # 4., 5.
+    if cfg.host_overhead_us > 0:
+        g = with_host_overhead(g, anchors, cfg.host_overhead_us)
     if not rows.rows:
         return g
     return _apply(g, rows, cfg, p)

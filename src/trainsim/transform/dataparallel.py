@@ -84,6 +84,11 @@ class DPConfig:
     """buffer bytes DDP broadcasts before each forward (0: none)"""
     channel: str = "comm:dp"
     """name of the communication resource"""
+    host_overhead_us: float = 0.0
+    """the data-parallel runtime's own host work per step (DDP: autograd hooks, copies into and out of
+    the buckets; P3: slicing, the communication thread, per-layer updates; measured by
+    ``trainsim.validate.dp_worker.runtime_overhead``), run on the backward thread just before the
+    input-most layer's gradient is ready"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.world, int) or self.world < 1:
@@ -94,6 +99,8 @@ class DPConfig:
             raise UserError(f"data parallel: mode={self.mode!r}; expected one of {', '.join(MODES)}")
         if self.slice_bytes <= 0 or self.partition_bytes <= 0 or self.credit < 1:
             raise UserError("data parallel: slice_bytes, partition_bytes and credit must be positive")
+        if not self.host_overhead_us >= 0:
+            raise UserError(f"data parallel: host_overhead_us={self.host_overhead_us!r}; expected >= 0")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -338,6 +345,24 @@ def data_parallel(
     out = add_edges(out, src, dst, EdgeKind.COMM)
     if cfg.mode != "ddp":
         out = schedule(out, re.escape(cfg.channel), Policy.PRIORITY)
+    if cfg.host_overhead_us > 0:
+        out = with_host_overhead(out, anchors, cfg.host_overhead_us)
+    return out
+
+
+def with_host_overhead(g: TaskGraph, anchors: Sequence[StepAnchors], dur_us: float) -> TaskGraph:
+    """One ``ddp:host-overhead`` task per step on the backward thread, queued just before the last
+    gradient-ready point (the input-most layer's): it delays the last bucket and the optimizer step.
+    ``anchors``: ``step_anchors`` of ``g``."""
+    last = [max(a.ready.values(), key=lambda t: g.order[t]) for a in anchors if a.ready]
+    if not last:
+        return g
+    res = [g.resources[int(g.resource[t])] for t in last]
+    out, _ = insert(
+        g, name=["ddp:host-overhead"] * len(last), kind=TaskKind.CPU, resource=[r.name for r in res], dur_us=dur_us,
+        order=np.array([g.order[t] for t in last]) - 1e-3, resource_kind=res[0].kind,
+        step=np.array([g.step[t] for t in last], np.int32),
+    )  # fmt: skip
     return out
 
 

@@ -19,7 +19,6 @@ Without the rights to make namespaces it says so once and runs on unshaped loopb
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -130,26 +129,10 @@ def _plan_file(
     return path
 
 
-def _contention(model: str, steps: int, world: int) -> tuple[float, float]:
-    """(alone, together): step time of ``model``'s one-process loop run alone and with ``world``
-    copies at once, measured back to back (alone, together, alone) so that both see the same load."""
-    import torch.multiprocessing as mp
-
-    from trainsim.validate.dp import _plain_step_ms
-
-    ctx = mp.get_context("spawn")
-    alone: list[float] = []
-    together: list[float] = []
-    for n, out in ((1, alone), (world, together), (1, alone)):
-        with ctx.Pool(n) as pool:
-            out.extend(pool.starmap(_plain_step_ms, [(model, steps)] * n))
-    return float(statistics.mean(alone)), float(statistics.mean(together))
-
-
 def run_harness(
     configs: list[RunConfig],
     *,
-    steps: int = 5,
+    steps: int = 12,
     warmup: int = 2,
     reps: int = 3,
     log: Callable[[str], None] = lambda s: None,
@@ -157,14 +140,12 @@ def run_harness(
     """Profile, calibrate, predict and measure every configuration; return results and notes."""
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.compress.secopa import Plan
-    from trainsim.graph.ir import TaskKind
     from trainsim.models.zoo import build
     from trainsim.simulate.contention import simulate_contended
     from trainsim.transform.compression import CodecCost, CompressConfig, compression
     from trainsim.transform.dataparallel import dp_step_ms
-    from trainsim.transform.primitives import scale
     from trainsim.validate.dp import RunConfig as DPRun
-    from trainsim.validate.dp import _profile, predict_ms
+    from trainsim.validate.dp import _corun_steps, _profile, predict_ms
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, netns_unavailable
 
@@ -178,14 +159,11 @@ def run_harness(
         profiled, shapes, names = {}, {}, {}
         for model in sorted({c.model for c in configs}):
             log(f"profiling {model} (one process, one thread)")
-            prof = _profile(model, wd, steps=max(5, steps))
-            # the 2 ranks share this machine's cores: time the same loop in 2 processes at once and
-            # stretch the profile's CPU tasks by the slowdown (a real cluster gives each rank its own)
-            alone, both = _contention(model, max(5, steps), 2)
-            factor = max(1.0, both / alone) if alone > 0 else 1.0
-            log(f"  one process {alone:.1f} ms/step, two at once {both:.1f} ms/step: x{factor:.2f}")
-            g = scale(prof.graph, prof.graph.kind == TaskKind.CPU, factor)
-            profiled[model] = dataclasses.replace(prof, graph=g, plain_ms=prof.plain_ms * factor)
+            # the 2 ranks share this machine's cores: the profile's CPU tasks are stretched by the co-run
+            # factor (``validate dp``), measured again before each run
+            profiled[model] = prof = _profile(model, wd, steps=max(5, steps))
+            log(f"  one process {prof.plain_ms:.1f} ms/step, two at once {prof.corun_ms:.1f} ms/step, "
+                f"DDP's own work {prof.ddp_overhead_ms:.1f} ms/step")  # fmt: skip
             net_model, _ = build(model)
             shapes[model] = {n: tuple(p.shape) for n, p in net_model.named_parameters()}
             names[model] = [(n, p.numel()) for n, p in net_model.named_parameters()]
@@ -207,7 +185,7 @@ def run_harness(
                 log(f"calibrating gloo all-reduce on {_link(rate, delay)} ({len(sizes)} sizes)")
                 cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net)
                 for c in group:
-                    prof = profiled[c.model]
+                    prof = profiled[c.model].at_host_speed(_corun_steps(c.model, 2, max(10, steps)))
                     wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
                                             "scheme": c.scheme, "steps": steps, "warmup": warmup}  # fmt: skip
                     if c.algorithm == "none":
@@ -223,13 +201,16 @@ def run_harness(
                             plan = Plan.load(path)
                             wcfg["plan"] = str(path)
                         ccfg = CompressConfig(
-                            algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan
+                            algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan,
+                            host_overhead_us=1e3 * (prof.ddp_overhead_ms * prof.host_factor + prof.straggler_ms),
                         )
                         g2 = compression(
                             prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link
                         )
                         res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
                         pred = dp_step_ms(res2.step_ms, "ddp")
+                    # slow runs (plain DDP on a slow link: seconds per step) measure fewer steps
+                    wcfg["steps"] = steps if pred < 1000 else max(3, steps // 3)
                     log(f"running {c.label()} (predicted {pred:.1f} ms)")
                     out = launch(
                         2, ["-m", "trainsim.validate.compress", json.dumps(wcfg)], net=net, timeout_s=600
@@ -254,7 +235,7 @@ def run_harness(
     "--algorithm", "algorithms", multiple=True, help="algorithm(s) for a custom set ('none' = plain DDP)"
 )
 @click.option("--model", default="mlp", show_default=True, help="zoo model")
-@click.option("--steps", type=int, default=5, show_default=True, help="measured steps per run")
+@click.option("--steps", type=int, default=12, show_default=True, help="measured steps per run (a third of them where a step takes over a second)")
 @click.option("--warmup", type=int, default=2, show_default=True, help="warm-up steps per run")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def compress_command(

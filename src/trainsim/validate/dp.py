@@ -10,7 +10,10 @@ Per configuration ``(model, link rate, added latency, mode)``:
    thread), once per model, and turn it into a task graph (``trainsim.graph.build.load_trace``); time
    the same loop without the profiler (its overhead is scaled out) and, unless ``--no-corun``, with one
    copy per rank running at once and no communication (ranks that share a host share its cores, caches
-   and memory bandwidth: the *co-run factor*, a property of the host like the link is of the network);
+   and memory bandwidth: the *co-run factor*, a property of the host like the link is of the network;
+   measured again just before each run, since a shared host's speed drifts); and time the loop under
+   DDP in a process group of one rank: DDP's own host work per step (hooks, bucket copies), which the
+   plain loop's profile lacks;
 2. **emulate the network**: 2 network namespaces joined by veth links shaped with tc
    (``trainsim.validate.netns``); **calibrate** the gloo all-reduce on it (``trainsim.cluster.calibrate``),
    once per link;
@@ -145,9 +148,37 @@ class _Profiled:
     plain_ms: float
     """median step time of the same loop without the profiler"""
     corun_ms: float
-    """median step time of the plain loop with one copy per rank running at once"""
+    """median step time of the plain loop with one copy per rank running at once (at profile time, or
+    measured again beside a run: ``at_host_speed``)"""
     graph_alone: Any
     """the graph without the co-run factor"""
+    ddp_overhead_ms: float = 0.0
+    """DDP's own host work per step, measured alone in one process (``dp_worker.ddp_overhead``)"""
+    p3_overhead_ms: float = 0.0
+    """the same for the P3-style runtime (``dp_worker.runtime_overhead``)"""
+    straggler_ms: float = 0.0
+    """expected wait per step for the slowest rank, from the co-run loop's jitter (``straggler_ms``)"""
+
+    @property
+    def host_factor(self) -> float:
+        """How much slower the CPU runs with every rank's process on the host (co-run / plain)."""
+        return self.corun_ms / self.plain_ms if self.plain_ms > 0 and self.corun_ms > 0 else 1.0
+
+    def at_host_speed(self, per_rank: list[list[float]]) -> _Profiled:
+        """The same profile with the co-run loop measured again (``per_rank``: each copy's step times,
+        e.g. just before a run): the host's speed drifts by tens of percent over minutes when other
+        jobs share it, and a prediction should use the speed the run will see, like it uses the
+        link's calibration."""
+        corun_ms = float(statistics.median(statistics.median(r) for r in per_rank))
+        from dataclasses import replace
+
+        from trainsim.graph.ir import TaskKind
+        from trainsim.transform.primitives import scale
+
+        if not corun_ms > 0 or not self.plain_ms > 0:
+            return self
+        g = scale(self.graph_alone, self.graph_alone.kind == TaskKind.CPU, corun_ms / self.plain_ms)
+        return replace(self, graph=g, corun_ms=corun_ms, straggler_ms=straggler_ms(per_rank))
 
 
 def _plain_step_ms(model: str, steps: int) -> float:
@@ -172,14 +203,41 @@ def _plain_step_ms(model: str, steps: int) -> float:
     return float(statistics.median((b - a) * 1e3 for a, b in itertools.pairwise(starts[2:])))
 
 
-def _corun_step_ms(model: str, world: int, steps: int) -> float:
-    """Median step time of the plain loop when ``world`` copies run at once (no communication)."""
+def _corun_steps(model: str, world: int, steps: int) -> list[list[float]]:
+    """Step times (ms) of the plain loop on each of ``world`` copies run at once (no communication)."""
     from trainsim.validate.launch import launch
 
     cfg = json.dumps({"model": model, "mode": "plain", "steps": steps, "warmup": 2})
     outs = launch(world, ["-m", "trainsim.validate.dp_worker", cfg], net=None, timeout_s=300)
-    per_rank = [statistics.median(json.loads(o.strip().splitlines()[-1])["step_ms"]) for o in outs]
-    return float(statistics.median(per_rank))
+    return [[float(x) for x in json.loads(o.strip().splitlines()[-1])["step_ms"]] for o in outs]
+
+
+def straggler_ms(per_rank: list[list[float]], draws: int = 4000, seed: int = 0) -> float:
+    """Expected wait per step for the slowest rank: ``E[max over ranks of one step] - median step``.
+
+    A synchronous data-parallel step ends when every rank has its gradients, so it lasts as long as
+    the slowest rank's computation; with per-step jitter the expected maximum of ``world`` steps
+    exceeds the typical one. Steps are drawn independently from each rank's measured samples (the
+    co-run loop, whose ranks run unsynchronised at once on the same host)."""
+    import numpy as np
+
+    ranks = [np.asarray(r, float) for r in per_rank if len(r)]
+    if len(ranks) < 2:
+        return 0.0
+    rng = np.random.default_rng(seed)
+    draws_ms = np.stack([rng.choice(r, size=draws) for r in ranks])
+    return max(0.0, float(draws_ms.max(axis=0).mean() - np.median(np.concatenate(ranks))))
+
+
+def _runtime_overhead_ms(model: str, steps: int, slice_bytes: int = 1 << 20) -> tuple[float, float]:
+    """Host work per step that DDP and the P3 runtime add to ``model``'s plain loop, one process alone
+    (``dp_worker.runtime_overhead``)."""
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": model, "mode": "overhead", "steps": steps, "warmup": 2, "slice_bytes": slice_bytes})
+    out = launch(1, ["-m", "trainsim.validate.dp_worker", cfg], net=None, timeout_s=300)
+    data = json.loads(out[0].strip().splitlines()[-1])
+    return float(data["overhead_ms"]), float(data["p3_overhead_ms"])
 
 
 def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool = True) -> _Profiled:
@@ -203,7 +261,8 @@ def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool 
     g = load_trace(trace)
     traced_ms = float(np.median(g.steps.measured_us)) / 1e3 if g.steps.ids.size else 0.0
     plain_ms = _plain_step_ms(model, steps)
-    corun_ms = _corun_step_ms(model, world, steps) if corun else plain_ms
+    samples = _corun_steps(model, world, steps) if corun else []
+    corun_ms = float(statistics.median(statistics.median(r) for r in samples)) if samples else plain_ms
     alone = g
     if traced_ms > 0:
         alone = scale(g, g.kind == TaskKind.CPU, min(1.0, plain_ms / traced_ms))
@@ -213,7 +272,8 @@ def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool 
     buffer_bytes = sum(b.numel() * b.element_size() for b in m.buffers())
     buckets = ddp_buckets([p.size_bytes for p in params])
     return _Profiled(g, params, layers, buffer_bytes, [sum(params[i].size_bytes for i in b) for b in buckets],
-                     traced_ms, plain_ms, corun_ms, alone)  # fmt: skip
+                     traced_ms, plain_ms, corun_ms, alone, *_runtime_overhead_ms(model, steps),
+                     straggler_ms(samples))  # fmt: skip
 
 
 P3_AGREE_MAX_US = 3000.0
@@ -240,7 +300,10 @@ def predict_ms(
     from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms
 
     m = mode or cfg.mode
-    dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes)
+    host = 1.0 if alone else prof.host_factor
+    dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes,
+                   host_overhead_us=1e3 * host * (prof.p3_overhead_ms if m == "p3" else prof.ddp_overhead_ms)
+                   + (0.0 if alone else 1e3 * prof.straggler_ms))  # fmt: skip
     # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
     # where such a round trip is cheap (P3Runtime, agree_max_us), else piggybacks the counters
     tiny = comm_us(4 * cfg.world)
@@ -257,17 +320,19 @@ def predict_ms(
 def run_harness(
     configs: tuple[RunConfig, ...] | list[RunConfig],
     *,
-    steps: int = 6,
+    steps: int = 20,
     warmup: int = 3,
     reps: int = 5,
     log: Callable[[str], None] = lambda s: None,
     workdir: Path | None = None,
     torchrun: bool = False,
     corun: bool = True,
+    recheck_host: bool = True,
 ) -> tuple[list[RunResult], list[str]]:
     """Profile, calibrate, predict and measure every configuration; return results and notes.
     ``torchrun``: start the training ranks with ``python -m torch.distributed.run``; ``corun=False``:
-    predict from the single-process profile alone (no co-run factor)."""
+    predict from the single-process profile alone (no co-run factor); ``recheck_host``: measure the
+    co-run step time again just before each run (``_Profiled.at_host_speed``)."""
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, netns_unavailable
@@ -297,6 +362,8 @@ def run_harness(
                 where = cal.where
                 for c in group:
                     prof = profiled[c.model, c.world]
+                    if corun and recheck_host:
+                        prof = prof.at_host_speed(_corun_steps(c.model, c.world, max(10, steps)))
                     pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown)
                     pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
                     log(f"running {c.label()} (predicted {pred:.1f} ms)")
@@ -312,7 +379,9 @@ def run_harness(
                          "bw_gbps": cal.link.bw_gbps, "alpha_us": cal.link.latency_us},
                         where,
                         {"profiled": round(prof.traced_ms, 3), "plain": round(prof.plain_ms, 3),
-                         "corun": round(prof.corun_ms, 3)},
+                         "ddp_overhead": round(prof.ddp_overhead_ms, 3), "p3_overhead": round(prof.p3_overhead_ms, 3),
+                         "straggler": round(prof.straggler_ms, 3),
+                         "corun": round(prof.corun_ms, 3), "corun_at_profile": round(profiled[c.model, c.world].corun_ms, 3)},
                         bool(data.get("params_in_sync", True)),
                         pred_alone,
                     )  # fmt: skip
@@ -344,7 +413,7 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
 @click.option("--rate", "rates", type=float, multiple=True, help="link rate(s) in Mbit/s for a custom set")
 @click.option("--delay", "delays", type=float, multiple=True, help="added one-way latency(ies) in ms")
 @click.option("--mode", "modes", type=click.Choice(["ddp", "p3"]), multiple=True, help="ddp and/or p3")
-@click.option("--steps", type=int, default=6, show_default=True, help="measured steps per run")
+@click.option("--steps", type=int, default=20, show_default=True, help="measured steps per run")
 @click.option("--warmup", type=int, default=3, show_default=True, help="warm-up steps per run")
 @click.option("--torchrun", is_flag=True, help="start the training ranks with torchrun (slower start)")
 @click.option("--no-corun", is_flag=True, help="predict from the one-process profile alone (no co-run factor)")

@@ -9,6 +9,8 @@ Modes:
   bucket, buffers broadcast before each forward) over gloo, SGD with momentum.
 - ``plain``: the single-process training loop with no communication at all (no process group); the
   harness runs one copy per rank at once to measure how much co-running ranks slow each other down.
+- ``overhead``: one process (``WORLD_SIZE=1``) times the plain loop and the same loop under DDP,
+  alternately: DDP's own host work per step (``ddp_overhead``).
 - ``p3``: a P3-style runtime (Jayarajan et al., MLSys'19): each layer's gradients are copied out as soon
   as autograd has accumulated them and cut into ``slice_bytes`` slices; one communication thread
   all-reduces the slices one at a time, always the *input-most* layer's slice among those ready on every
@@ -197,6 +199,90 @@ class P3Runtime:
                 ev.set()
 
 
+def _loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
+    """Step times (ms) of the plain training loop on ``net`` (a module, or DDP around one)."""
+    import torch
+
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    marks = []
+    for step in range(warmup + steps + 1):
+        marks.append(time.perf_counter())
+        x, y = batch(step)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()
+    return [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]
+
+
+def _p3_steps(
+    rt: P3Runtime, model: Any, batch: Any, loss_fn: Any, warmup: int, steps: int, rank: int, trace: bool
+) -> list[float]:
+    """Run ``warmup + steps + 1`` training steps through the P3 runtime; return each step's start."""
+    starts = []
+    for step in range(warmup + steps + 1):
+        starts.append(time.perf_counter())
+        if step == warmup and trace:
+            rt.log = []
+        x, y = batch(step * 1000 + rank)
+        rt.begin_step()
+        for p in model.parameters():
+            p.grad = None
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        rt.end_step()
+        loss.detach().item()
+    return starts
+
+
+def runtime_overhead(
+    model: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int, slice_bytes: int
+) -> dict[str, Any]:
+    """The host work per step that DDP and the P3 runtime add to the plain loop, measured in one process
+    (a process group of one rank): ``ddp_overhead`` for both."""
+    out = ddp_overhead(model, batch, loss_fn, lr, warmup, steps)
+    p3: list[float] = []
+    plain: list[float] = []
+    for _ in range(2):
+        plain += _loop_ms(model, batch, loss_fn, lr, warmup, steps)
+        rt = P3Runtime(model, lr, slice_bytes)
+        starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, 0, False)
+        rt.finish()
+        p3 += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
+        for m in model.modules():  # the runtime's hooks stay on the module: drop them before the next pass
+            m._forward_pre_hooks.clear()
+        for q in model.parameters():
+            q._post_accumulate_grad_hooks = None
+    import statistics
+
+    p, d = statistics.median(plain), statistics.median(p3)
+    return {**out, "p3_ms": d, "p3_plain_ms": p, "p3_overhead_ms": max(0.0, d - p)}
+
+
+def ddp_overhead(model: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, Any]:
+    """DDP's own host cost per step, measured in one process (a process group of one rank).
+
+    DDP adds work that the plain loop's profile does not have: autograd hooks per parameter, copying
+    gradients into bucket buffers and back, the reducer's bookkeeping, the buffer sync before forward.
+    With one rank its collectives have nobody to talk to, so ``DDP step - plain step`` is that host
+    work. The two loops alternate (plain, DDP, plain, DDP) so both see the same host load; returns
+    the medians and their difference (``overhead_ms``, at least 0).
+    """
+    import statistics
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    plain: list[float] = []
+    ddp: list[float] = []
+    wrapped = DDP(model)
+    for _ in range(2):
+        plain += _loop_ms(model, batch, loss_fn, lr, warmup, steps)
+        ddp += _loop_ms(wrapped, batch, loss_fn, lr, warmup, steps)
+    p, d = statistics.median(plain), statistics.median(ddp)
+    return {"plain_ms": p, "ddp_ms": d, "overhead_ms": max(0.0, d - p)}
+
+
 def main(cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
@@ -211,19 +297,14 @@ def main(cfg: dict[str, Any]) -> None:
     mode = cfg.get("mode", "ddp")
     warmup, steps = int(cfg.get("warmup", 3)), int(cfg.get("steps", 6))
     if mode == "plain":  # no communication: the single-process loop, to time co-running copies of it
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-        marks = []
-        for step in range(warmup + steps + 1):
-            marks.append(time.perf_counter())
-            x, y = batch(step)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            loss.detach().item()
-        print(json.dumps({"step_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]}), flush=True)
+        print(json.dumps({"step_ms": _loop_ms(model, batch, loss_fn, lr, warmup, steps)}), flush=True)
         return
     dist.init_process_group("gloo")
+    if mode == "overhead":  # one process: DDP's own host cost per step (see ``ddp_overhead``)
+        slice_bytes = int(cfg.get("slice_bytes", 256 * 1024))
+        print(json.dumps(runtime_overhead(model, batch, loss_fn, lr, warmup, steps, slice_bytes)), flush=True)
+        dist.destroy_process_group()
+        return
     rank = dist.get_rank()
     starts: list[float] = []
     extra: dict[str, Any] = {}
@@ -247,18 +328,7 @@ def main(cfg: dict[str, Any]) -> None:
         for p in model.parameters():
             dist.broadcast(p.data, 0)
         rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)), float(cfg.get("agree_max_us", 3000.0)))
-        for step in range(warmup + steps + 1):
-            starts.append(time.perf_counter())
-            if step == warmup and cfg.get("trace"):
-                rt.log = []
-            x, y = batch(step * 1000 + rank)
-            rt.begin_step()
-            for p in model.parameters():
-                p.grad = None
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            rt.end_step()
-            loss.detach().item()
+        starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, rank, bool(cfg.get("trace")))
         rt.finish()
         extra["p3_agreement_rounds"] = rt.agree_rounds
         if rt.log is not None:  # --- timeline of the measured steps, relative to their first start
