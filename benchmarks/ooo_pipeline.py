@@ -59,8 +59,10 @@ def main() -> int:
         f"Mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}% (target: "
         f"<= 10 % each). Ranking: {rk['pairs_checked']} pairs with a measured gap > {rk['gap_pct']}%, "
         f"misranked: {', '.join(rk['pairs_misranked']) or 'none'}. Link model from calibration: "
-        f"{out['link']['bw_gbps']:.3f} Gbit/s, {out['link']['latency_us']:.0f} us per message. "
-        "Raw: `docs/benchmarks/ooo_pipeline.json`.",
+        f"{out['link']['bw_gbps']:.3f} Gbit/s, {out['link']['latency_us']:.0f} us per message; host CPU per send or "
+        f"receive {out['link']['cpu_us']:.0f} us + {out['link']['cpu_us_per_byte'] * 1e3:.2f} us/KB, of which "
+        f"{out['link'].get('runtime_p2p_us', 0.0):.0f} us from the runtime probe on the hollow model "
+        "(`trainsim.validate.pipeline._probe_p2p_overhead_us`). Raw: `docs/benchmarks/ooo_pipeline.json`.",
     ]
     lines += [f"Note: {n}" for n in out["notes"]]
     print(write_section("ooo_pipeline", "\n".join(lines)))

@@ -67,6 +67,23 @@ def test_bad_arguments() -> None:
         calibrate(reps=0)
     with pytest.raises(UserError):
         calibrate(budget_s=-1)
+    with pytest.raises(UserError, match="allgather_sizes"):
+        calibrate(allgather_sizes=[1024])
+
+
+def test_allgather_line_or_ring_fallback() -> None:
+    sizes = [1024, 1 << 20]
+    a, b, link = fit_alpha_beta(np.array(sizes), np.array([500.0, 9000.0]), world=2)
+    base = dict(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=sizes, measured_us=[500.0, 9000.0],
+                a_us=a, b_us_per_byte=b, link=link)  # fmt: skip
+    measured = Calibration(**base, allgather_sizes_bytes=sizes, allgather_measured_us=[700.0, 12000.0],  # type: ignore[arg-type]
+                           allgather_fit=(600.0, 0.011, 0.0))  # fmt: skip
+    assert measured.allgather_us(1 << 20) == pytest.approx(600.0 + 0.011 * (1 << 20))
+    back = Calibration.from_json(measured.to_json())
+    assert back.allgather_us(4096) == pytest.approx(measured.allgather_us(4096))
+    # not measured: the ring model of the calibrated link (2 ranks: one step of S bytes)
+    ring = Calibration(**base)  # type: ignore[arg-type]
+    assert ring.allgather_us(1 << 20) == pytest.approx(link.latency_us + (1 << 20) / link.bytes_per_us)
 
 
 @pytest.mark.multiproc
@@ -80,3 +97,6 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     # the CPU pass ran for every size (all are fast here) and measured something
     assert cal.cpu_sizes_bytes == cal.sizes_bytes and all(c > 0 for c in cal.cpu_allreduce_us)
     assert len(cal.cpu_p2p_us) == len(cal.sizes_bytes)
+    ag = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, allgather_sizes=[1024, 8192])
+    assert ag.allgather_sizes_bytes == [1024, 8192] and all(t > 0 for t in ag.allgather_measured_us)
+    assert ag.allgather_us(4096) > 0

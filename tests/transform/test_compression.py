@@ -96,9 +96,19 @@ def test_ps_scheme_blocks_the_main_thread() -> None:
         g, params, layers, SHAPES, CompressConfig(algorithm="onebit", scheme="ps"), _cost(), LINK
     )
     main = ps.resources.index(next(r for r in ps.resources if r.name == "cpu:main"))
-    blocking = [ps.task_name(int(t)) for t in np.flatnonzero((ps.resource == main) & (ps.step == 0))]
-    assert "casync-ps:bucket0" in blocking
-    assert simulate(ps).step_ms[0] > 0 and simulate(fast).step_ms[0] > 0
+    on_main = np.flatnonzero((ps.resource == main) & (ps.step == 0))
+    names = [ps.task_name(int(t)) for t in on_main]
+    assert "casync-ps-codec:bucket0" in names and "casync-ps-codec:bucket0.2" in names
+    res = simulate(ps)
+    xfer = next(t for t in range(ps.n_tasks) if ps.task_name(t) == "casync-ps:bucket0" and ps.step[t] == 0)
+    assert ps.resources[int(ps.resource[xfer])].kind == ResourceKind.COMM_CHANNEL
+    # the main thread is blocked: the codec's second half, and everything after it on the thread,
+    # start once the transfers are done
+    second = next(int(t) for t in on_main if ps.task_name(int(t)) == "casync-ps-codec:bucket0.2")
+    assert res.start_us[second] >= res.end_us[xfer] - 1e-6
+    later = [int(t) for t in on_main if ps.order[t] > ps.order[second]]
+    assert later and min(res.start_us[later]) >= res.end_us[second] - 1e-6
+    assert res.step_ms[0] > 0 and simulate(fast).step_ms[0] > 0
 
 
 def test_bad_config() -> None:

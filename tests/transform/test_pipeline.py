@@ -151,3 +151,28 @@ def test_plan_split_balances() -> None:
 
 def test_every_schedule_is_covered() -> None:
     assert {n for n, _ in CASES} == set(SCHEDULES)
+
+
+def test_latencies_of_messages_in_flight_overlap() -> None:
+    """A transfer holds its channel for its bytes only; its latency is a delay on a resource of its
+    own, so the next message on the channel need not wait for it (messages in flight overlap their
+    latencies, as on a TCP connection)."""
+    prof = _profile()
+    spec = PipeSpec(schedule="Interleaved1F1B", stages_per_rank=2, microbatches=8)
+    link = Link(bw_gbps=1.0, latency_us=5_000.0)
+    g = predict_pipeline(prof, spec, batch_size=32, link=link, steps=2).graph
+    wires = [i for i in range(g.n_tasks) if g.task_name(i).startswith("p2p_") and ":" not in g.task_name(i)]
+    delays = [i for i in range(g.n_tasks) if g.task_name(i).endswith(":latency")]
+    assert wires and len(delays) == len(wires)
+    assert all(g.dur_us[i] == pytest.approx(link.transfer_us(16_000) - 5_000.0) for i in wires)
+    assert all(g.dur_us[i] == pytest.approx(5_000.0) for i in delays)
+    assert len({int(g.resource[i]) for i in delays}) == len(delays)  # each delay on its own resource
+    assert len({int(g.resource[i]) for i in wires}) == 2  # one channel per direction
+
+
+def test_comm_actions_per_rank() -> None:
+    from trainsim.validate.pipeline import comm_actions
+
+    # GPipe on 2 ranks, M microbatches: the busiest rank sends M activations and receives M gradients
+    assert comm_actions(PipeSpec(schedule="GPipe", microbatches=4)) == 8
+    assert comm_actions(PipeSpec(schedule="Interleaved1F1B", stages_per_rank=2, microbatches=16)) == 96

@@ -119,7 +119,7 @@ def profile_layers(
     warmup: int = 5,
     threads: int = 1,
     seed: int = 0,
-    zoo: dict[str, int] | None = None,
+    zoo: dict[str, Any] | None = None,
 ) -> LayerProfile:
     """Time F, B, W and the optimizer update of every layer of zoo ``model`` at each batch size.
 
@@ -251,7 +251,7 @@ def pipeline_action_overhead_us(
     *,
     microbatches: int = 4,
     reps: int = 6,
-    zoo: dict[str, int] | None = None,
+    zoo: dict[str, Any] | None = None,
 ) -> float:
     """Per-action cost of torch's pipeline runtime beyond the per-layer times, measured in one process.
 

@@ -29,7 +29,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,12 @@ class Calibration:
     """the sizes of the two lists above"""
     busy_slowdown: list[float] = field(default_factory=list)
     """all-reduce time while every rank computes / time on idle ranks, per size of ``cpu_sizes_bytes``"""
+    allgather_sizes_bytes: list[int] = field(default_factory=list)
+    """per-rank input sizes at which the all-gather was timed (none: not measured)"""
+    allgather_measured_us: list[float] = field(default_factory=list)
+    """mean all-gather time per size of ``allgather_sizes_bytes``"""
+    allgather_fit: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """``(a_us, b_us_per_byte, floor_us)`` of ``t = a + max(floor, b * S)`` for the all-gather, S per rank"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -97,6 +105,17 @@ class Calibration:
     def predict_us(self, size_bytes: float) -> float:
         return self.a_us + max(self.floor_us, self.b_us_per_byte * size_bytes)
 
+    def allgather_us(self, size_bytes: float) -> float:
+        """Time of an all-gather of ``size_bytes`` per rank: the fitted all-gather line where it was
+        measured, else the ring model of the calibrated link (gloo's all-gather on 2 ranks measured
+        20-45 % slower than an all-reduce of the same bytes at 20 Mbit/s, so measure it when it matters)."""
+        a, b, floor = self.allgather_fit
+        if self.allgather_measured_us:
+            return a + max(floor, b * float(size_bytes))
+        from trainsim.cluster.collectives import allgather_us
+
+        return allgather_us(self.world * float(size_bytes), self.world, self.link)
+
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["link"] = asdict(self.link)
@@ -107,6 +126,8 @@ class Calibration:
     def from_json(d: dict[str, object]) -> Calibration:
         link_d = dict(d["link"])  # type: ignore[call-overload]
         kw = {k: v for k, v in d.items() if k not in ("link", "predicted_us")}
+        if "allgather_fit" in kw:
+            kw["allgather_fit"] = tuple(kw["allgather_fit"])  # type: ignore[arg-type]
         return Calibration(link=Link(**link_d), **kw)  # type: ignore[arg-type]
 
 
@@ -179,8 +200,10 @@ def calibrate(
     sizes: list[int] | None = None,
     timeout_s: float = 600.0,
     net: object | None = None,
+    allgather_sizes: list[int] | None = None,
 ) -> Calibration:
-    """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse."""
+    """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
+    ``allgather_sizes``: per-rank sizes at which to time ``all_gather_into_tensor`` too (>= 2 sizes)."""
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
@@ -191,7 +214,11 @@ def calibrate(
     sizes = sizes or default_sizes(max_bytes, min_bytes)
     if budget_s < 0:
         raise UserError(f"calibrate: budget_s={budget_s}; expected >= 0 seconds")
-    args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s)]
+    ag_sizes = sorted(set(allgather_sizes or []))
+    if len(ag_sizes) == 1 or any(x < 4 for x in ag_sizes):
+        raise UserError(f"calibrate: allgather_sizes={ag_sizes}; expected at least two sizes of >= 4 bytes")
+    args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
+            ",".join(map(str, ag_sizes)) or "-"]  # fmt: skip
     notes: list[str] = []
     if isinstance(net, Netns):
         outs = launch(world, args, net=net, timeout_s=timeout_s)
@@ -214,11 +241,14 @@ def calibrate(
     med = [float(statistics.fmean(x)) for x in data["us"]]
     a, b, floor = fit_model(np.array(sizes), np.array(med))
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) == 4]
+    ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
+    ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
     return Calibration(
         world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, sizes_bytes=list(sizes), measured_us=med,
         a_us=a, b_us_per_byte=b, floor_us=floor, link=_ring_link(a + floor, b, world), where=where, notes=notes,
         cpu_allreduce_us=[c[0] for _, c in cpu], cpu_p2p_us=[c[1] for _, c in cpu],
         cpu_sizes_bytes=[s for s, _ in cpu], busy_slowdown=[max(1.0, c[3] / c[2]) for _, c in cpu],
+        allgather_sizes_bytes=ag_sizes if ag else [], allgather_measured_us=ag, allgather_fit=ag_fit,
     )  # fmt: skip
 
 
@@ -283,50 +313,65 @@ def _cpu_pass(x: Any, n: int) -> list[float]:
     return (per / world).tolist()
 
 
-def _timed(x: Any, n: int) -> list[float]:
-    """``n`` all-reduces of ``x``, each after a barrier; their times in µs."""
+def _timed(op: Callable[[], Any], n: int) -> list[float]:
+    """``n`` runs of the collective ``op``, each after a barrier; their times in µs."""
     import torch.distributed as dist
 
     times = []
     for _ in range(n):
         dist.barrier()
         t0 = time.perf_counter()
-        dist.all_reduce(x)
+        op()
         times.append((time.perf_counter() - t0) * 1e6)
     return times
 
 
-def _worker(sizes: list[int], reps: int, budget_s: float) -> None:
+def _measure(op: Callable[[], Any], reps: int, budget_s: float) -> list[float]:
+    """Times (µs) of ``op`` after a warm-up: ``reps`` runs, then more up to ``budget_s`` of them (at
+    most ``MAX_REPS``); rank 0 decides how many, and the slowest rank's time counts for each."""
+    import torch
+    import torch.distributed as dist
+
+    op()  # warm-up: connections, buffers
+    times = _timed(op, reps)
+    # every rank must run the same number of collectives
+    more = torch.tensor([min(MAX_REPS - reps, int(budget_s * 1e6 / max(statistics.fmean(times), 1.0)))])
+    dist.broadcast(more, 0)
+    times += _timed(op, max(0, int(more.item())))
+    tt = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+    return list(tt.tolist())
+
+
+def _worker(sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int]) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     out: list[list[float]] = []
     cpu: list[list[float]] = []
     for size in sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
-        dist.all_reduce(x)  # warm-up: connections, buffers
-        times = _timed(x, reps)
-        # rank 0 decides how many more (every rank must run the same number of collectives)
-        more = torch.tensor([min(MAX_REPS - reps, int(budget_s * 1e6 / max(statistics.fmean(times), 1.0)))])
-        dist.broadcast(more, 0)
-        times += _timed(x, max(0, int(more.item())))
-        # rank 0's clock decides; the slowest rank finishes the op for everyone
-        tt = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
-        out.append(tt.tolist())
+        times = _measure(partial(dist.all_reduce, x), reps, budget_s)
+        out.append(times)
         slow = statistics.fmean(times) > CPU_PASS_MAX_S * 1e6
         cpu.append(_cpu_pass(x, 0 if slow else int(budget_s * 1e6 / max(statistics.fmean(times), 1.0))))
+    gathered: list[list[float]] = []
+    for size in ag_sizes:
+        x = torch.ones(max(1, size // 4), dtype=torch.float32)
+        buf = torch.empty(world * x.numel(), dtype=torch.float32)
+        gathered.append(_measure(partial(dist.all_gather_into_tensor, buf, x), reps, budget_s))
     if rank == 0:
-        print(json.dumps({"sizes": sizes, "us": out, "cpu_us": cpu}), flush=True)
+        print(json.dumps({"sizes": sizes, "us": out, "cpu_us": cpu, "allgather_us": gathered}), flush=True)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]))
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        ag = [] if sys.argv[5] == "-" else [int(s) for s in sys.argv[5].split(",")]
+        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]), ag)
     else:
-        print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS BUDGET_S (started by `trainsim calibrate`)")
+        print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS BUDGET_S AG_SIZES|- (started by `trainsim calibrate`)")
         sys.exit(2)

@@ -45,6 +45,9 @@ class ZooSpec:
     """tokens per sample for the transformer"""
     classes: int = 10
     """output classes"""
+    hollow: bool = False
+    """transformer only: each encoder block replaced by a bias add (same activations and layer count,
+    almost no compute): for timing a runtime's own costs (``trainsim.validate.pipeline``)"""
 
     def __post_init__(self) -> None:
         for f in ("batch_size", "width", "depth", "blocks", "seq_len", "classes"):
@@ -104,10 +107,22 @@ def _transformer(spec: ZooSpec) -> tuple[nn.Module, Callable[[torch.Generator], 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x.mean(dim=1)
 
+    class AddBias(nn.Module):
+        def __init__(self, dim: int) -> None:
+            super().__init__()
+            self.bias = nn.Parameter(torch.zeros(dim))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.bias
+
     layers: OrderedDict[str, nn.Module] = OrderedDict(embed=nn.Embedding(vocab, d_model))
     for i in range(spec.blocks):
-        layers[f"block{i}"] = nn.TransformerEncoderLayer(
-            d_model, nhead=4, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+        layers[f"block{i}"] = (
+            AddBias(d_model)
+            if spec.hollow
+            else nn.TransformerEncoderLayer(
+                d_model, nhead=4, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+            )
         )
     layers["pool"] = MeanPool()
     layers["head"] = nn.Linear(d_model, spec.classes)

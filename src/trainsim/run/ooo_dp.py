@@ -102,7 +102,7 @@ def zoo_spec(model: str, batch_size: int, blocks: int = 0) -> Any:
     return ZooSpec(batch_size=batch_size)
 
 
-def zoo_layer_count(model: str, batch_size: int = 32, zoo: dict[str, int] | None = None) -> int:
+def zoo_layer_count(model: str, batch_size: int = 32, zoo: dict[str, Any] | None = None) -> int:
     from trainsim.models.zoo import ZooSpec, build
 
     m, _ = build(model, spec=ZooSpec(batch_size=batch_size, **(zoo or {})))

@@ -54,9 +54,13 @@ class PipeRunConfig:
     timeout_s: float = 120.0
     crash_rank: int = -1
     """fault injection for tests: this rank exits with code 3 at step 1"""
+    hollow: bool = False
+    """the zoo's hollow transformer (``ZooSpec.hollow``): the runtime's own costs, almost no compute"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", tuple(self.split))
+        if self.hollow and self.model != "transformer":
+            raise UserError(f"hollow=True needs the transformer; got model {self.model!r}")
         if self.batch_size < 1 or self.steps < 1 or self.warmup < 0:
             raise UserError(
                 f"batch_size={self.batch_size}, steps={self.steps}, warmup={self.warmup}; expected positive"
@@ -79,8 +83,10 @@ class PipeRunConfig:
     def zoo_spec(self, batch_size: int | None = None) -> Any:
         from trainsim.models.zoo import ZooSpec
 
-        kw: dict[str, int] = {"batch_size": batch_size or self.batch_size}
+        kw: dict[str, Any] = {"batch_size": batch_size or self.batch_size}
         kw["blocks" if self.model == "transformer" else "depth"] = self.blocks
+        if self.hollow:
+            kw["hollow"] = True
         return ZooSpec(**kw) if self.model in ("transformer", "mlp") else ZooSpec(batch_size=kw["batch_size"])
 
     def layers(self, spec: PipeSpec | None = None) -> list[list[int]]:

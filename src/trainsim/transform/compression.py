@@ -21,8 +21,9 @@ tasks that ``trainsim.run.hooks.compress_hook`` really runs (see that module's n
 
 PowerSGD: P = MQ on the main thread, a blocking all-reduce of [P, uncompressed], Q = M^T P, then an
 all-reduce of Q and the P Q^T decode. The PS and ring schemes (``scheme="ps" | "ring"``) run inside the
-hook, on the main thread: one main-thread task per bucket whose duration is the SeCoPa cost
-(``trainsim.compress.secopa.costs``) with the codec's and the link's constants.
+hook and block the main thread: per bucket, half the codec work of ``casync_parts`` on the main thread,
+the transfers on the communication channel (so they queue behind the bucket's uncompressed all-reduce,
+which shares the link), then the other half of the codec work.
 """
 
 from __future__ import annotations
@@ -171,8 +172,15 @@ def compression(
     cfg: CompressConfig,
     cost: CodecCost,
     link: Link,
+    *,
+    allreduce_time: Callable[[float], float] | None = None,
+    allgather_time: Callable[[float], float] | None = None,
 ) -> TaskGraph:
-    """``g`` as one rank of a ``cfg.world``-rank DDP job whose buckets go through the compression hook."""
+    """``g`` as one rank of a ``cfg.world``-rank DDP job whose buckets go through the compression hook.
+
+    Collective times come from the ring model of ``link`` unless measured ones are given:
+    ``allreduce_time(bytes)`` and ``allgather_time(bytes per rank)`` (e.g. a ``Calibration``'s
+    ``predict_us`` and ``allgather_us``). The PS and ring schemes always use ``link``."""
     if not params:
         raise UserError(
             f"{g.source}: the trace records no parameters; a compression what-if needs their sizes"
@@ -181,6 +189,13 @@ def compression(
     if missing:
         raise UserError(f"compression what-if: no shape for parameter(s) {missing[:4]}")
     p = cfg.world
+
+    def ar_us(nbytes: float) -> float:
+        return allreduce_time(nbytes) if allreduce_time is not None else ring_allreduce_us(nbytes, p, link)
+
+    def ag_us(per_rank: float) -> float:
+        return allgather_time(per_rank) if allgather_time is not None else allgather_us(p * per_rank, p, link)
+
     anchors = step_anchors(g, layers)
     main_res = g.resources[int(g.resource[anchors[0].first])].name
     buckets = ddp_buckets([q.size_bytes for q in params], cap_bytes=int(cfg.bucket_cap_mb * 1024 * 1024))
@@ -208,13 +223,20 @@ def compression(
                     plain_bytes += q.size_bytes
             opt_wait = [a.opt_start] if a.opt_start >= 0 else []
             if plain_bytes:  # 1. uncompressed gradients: one all-reduce after the ready point
-                ar = ring_allreduce_us(plain_bytes, p, link)
+                ar = ar_us(plain_bytes)
                 rows.comm(f"allreduce:bucket{b}", ar, plain_bytes, deps=ready, waits=opt_wait)
             if not comp_items:
                 continue
             if cfg.scheme != "allgather":  # PS / ring: synchronous inside the hook
-                us = sum(casync_us(q.numel, k, p, cost, link, cfg.scheme) for q, k in comp_items)
-                rows.main(f"casync-{cfg.scheme}:bucket{b}", us, deps=ready, waits=opt_wait)
+                pieces = [casync_parts(q.numel, k, p, cost, link, cfg.scheme) for q, k in comp_items]
+                comp_us, xfer_us = sum(c for c, _ in pieces), sum(x for _, x in pieces)
+                # the codec work on the main thread, the transfers on the network (after the bucket's
+                # uncompressed all-reduce, which shares the link); the main thread is blocked until
+                # the sync is done: its next task in queue order is the second half of the codec work
+                t_a = rows.main(f"casync-{cfg.scheme}-codec:bucket{b}", comp_us / 2, deps=ready)
+                size = sum(cost.wire_bytes(q.numel) for q, _ in comp_items)
+                t_x = rows.comm(f"casync-{cfg.scheme}:bucket{b}", xfer_us, size, after=[t_a])
+                rows.main(f"casync-{cfg.scheme}-codec:bucket{b}.2", comp_us / 2, after=[t_x], waits=opt_wait)
                 continue
             enc = sum(cost.enc_us(q.numel) for q, _ in comp_items)
             dec = sum(cost.dec_us(q.numel) for q, _ in comp_items)
@@ -224,20 +246,20 @@ def compression(
                 q_bytes = sum(4 * rk * (q.numel // int(shapes[q.name][0])) for q, _ in comp_items)
                 t_p = rows.main(f"powersgd-P:bucket{b}", enc / 2, deps=ready)
                 ar1 = rows.comm(
-                    f"allreduce:P:bucket{b}", ring_allreduce_us(p_bytes, p, link), p_bytes, after=[t_p]
+                    f"allreduce:P:bucket{b}", ar_us(p_bytes), p_bytes, after=[t_p]
                 )
                 t_q = rows.main(f"powersgd-Q:bucket{b}", enc / 2, after=[ar1])  # blocks: the hook waits
                 ar2 = rows.comm(
-                    f"allreduce:Q:bucket{b}", ring_allreduce_us(q_bytes, p, link), q_bytes, after=[t_q]
+                    f"allreduce:Q:bucket{b}", ar_us(q_bytes), q_bytes, after=[t_q]
                 )
                 rows.callback(f"decode:bucket{b}", dec, after=[ar2], waits=opt_wait)
                 continue
             wire = sum(cost.wire_bytes(q.numel) + 8 for q, _ in comp_items)  # + the hook's non-finite marker
             t_enc = rows.main(f"encode:bucket{b}", enc, deps=ready)  # 2.
             if cost.summable:  # 3.
-                comm, n_dec, what = ring_allreduce_us(wire, p, link), 1, "allreduce"
+                comm, n_dec, what = ar_us(wire), 1, "allreduce"
             else:
-                comm, n_dec, what = allgather_us(p * wire, p, link), p, "allgather"
+                comm, n_dec, what = ag_us(wire), p, "allgather"
             t_comm = rows.comm(f"{what}:compressed{b}", comm, wire, after=[t_enc])
             rows.callback(f"decode:bucket{b}", n_dec * dec, after=[t_comm], waits=opt_wait)  # 4., 5.
     if cfg.host_overhead_us > 0:
@@ -318,13 +340,22 @@ def _apply(g: TaskGraph, table: _Rows, cfg: CompressConfig, p: int) -> TaskGraph
 
 
 def casync_us(numel: int, parts: int, world: int, cost: CodecCost, link: Link, scheme: str) -> float:
-    """Time (us) of ``trainsim.run.casync`` PS or ring on one gradient, as that code runs it.
+    """Time (us) of ``trainsim.run.casync`` PS or ring on one gradient: ``sum(casync_parts(...))``."""
+    return sum(casync_parts(numel, parts, world, cost, link, scheme))
+
+
+def casync_parts(
+    numel: int, parts: int, world: int, cost: CodecCost, link: Link, scheme: str
+) -> tuple[float, float]:
+    """``(compute_us, transfer_us)`` of ``trainsim.run.casync`` PS or ring on one gradient, as that
+    code runs it, on the busiest rank.
 
     Unlike SeCoPa's planning formulas (HiPress's, which assume the K owners work fully in
-    parallel), this counts what each rank of our implementation does, on the busiest rank:
-    PS: encode all K partitions; the gathers (an owner takes N-1 wires per partition it owns); the
-    owners decode N parts and re-encode; the broadcasts; decode all K. Ring: N-1 hops of K
-    (encode, send, decode-add) on chunks of m/(K N), then a compressed all-gather and N K decodes.
+    parallel), this counts what each rank of our implementation does: PS: encode all K partitions;
+    the gathers (an owner takes N-1 wires per partition it owns); the owners decode N parts and
+    re-encode; the broadcasts; decode all K. Ring: N-1 hops of K (encode, send, decode-add) on
+    chunks of m/(K N), then a compressed all-gather and N K decodes. The transfers use the network,
+    the rest the rank's CPU.
     """
     k = max(1, min(parts, numel))
     n = world
@@ -336,13 +367,14 @@ def casync_us(numel: int, parts: int, world: int, cost: CodecCost, link: Link, s
         gather = owned * (n - 1) * wire * per_byte + k * link.latency_us
         bcast = owned * (n - 1) * wire * per_byte + k * link.latency_us
         compute = k * cost.enc_us(int(part)) + owned * (n * cost.dec_us(int(part)) + cost.enc_us(int(part)))
-        return compute + gather + bcast + k * cost.dec_us(int(part))
+        return compute + k * cost.dec_us(int(part)), gather + bcast
     if scheme == "ring":
         chunk = max(1, -(-numel // (k * n)))
         wire = cost.wire_bytes(chunk)
-        hop = k * (cost.enc_us(chunk) + cost.dec_us(chunk)) + k * wire / link.bytes_per_us + link.latency_us
-        final = k * cost.enc_us(chunk) + allgather_us(n * wire * k, n, link) + k * n * cost.dec_us(chunk)
-        return (n - 1) * hop + final
+        hop_compute = k * (cost.enc_us(chunk) + cost.dec_us(chunk))
+        hop_transfer = k * wire / link.bytes_per_us + link.latency_us
+        compute = (n - 1) * hop_compute + k * cost.enc_us(chunk) + k * n * cost.dec_us(chunk)
+        return compute, (n - 1) * hop_transfer + allgather_us(n * wire * k, n, link)
     raise UserError(f"casync: unknown scheme {scheme!r}; expected ps or ring")
 
 

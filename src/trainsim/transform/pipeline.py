@@ -284,8 +284,9 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
     """One task per action of ``lowered_order(spec)`` on each rank's queue, ``steps`` times.
 
     Transfers run on a channel per (sender, receiver) pair and start when both the SEND and the
-    matching RECV have been posted (gloo's point-to-point rendezvous); a compute action waits for
-    the transfer it consumes. Each step ends with the rank's optimizer update.
+    matching RECV have been posted (gloo's point-to-point rendezvous); a transfer occupies its channel
+    for its bytes and arrives ``link.latency_us`` later (the latencies of messages in flight overlap);
+    a compute action waits for the transfer it consumes. Each step ends with the rank's optimizer update.
     """
     order = lowered_order(spec)
     s2r = spec.stage_to_rank()
@@ -327,16 +328,20 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
                 chan[pair] = b.resource(f"link{pair[0]}->{pair[1]}", ResourceKind.COMM_CHANNEL)
             size = costs.out_bytes[src_stage] if d == "F" else costs.out_bytes[dst]
             deps = [s_task] + ([posted[key]] if key in posted else [])
-            xfer[key] = b.task(
+            # the bytes occupy the channel; the latency does not (messages in flight overlap theirs):
+            # it is a delay on a resource of its own
+            wire = b.task(
                 f"p2p_{d}{mb}",
                 TaskKind.COMM,
                 chan[pair],
-                link.transfer_us(size),
+                link.transfer_us(size) - link.latency_us,
                 step=step,
                 layer=f"stage{src_stage}",
                 deps=deps,
                 size_bytes=size,
             )
+            delay = b.resource(f"latency{src_stage}->{dst}:{d}{mb}:step{step}", ResourceKind.COMM_CHANNEL)
+            xfer[key] = b.task(f"p2p_{d}{mb}:latency", TaskKind.COMM, delay, link.latency_us, step=step, deps=[wire])
         # Pass 2: data dependencies of compute actions.
         for _r, a, t in tasks:
             for sub in a.sub_actions or (a,):

@@ -5,7 +5,7 @@
     $ trainsim validate compress --rate 100 --algorithm onebit --algorithm topk
 
 Per link (2 network namespaces joined by a shaped veth, ``trainsim.validate.netns``), the same steps
-as ``validate dp``: profile the model alone once; calibrate the gloo all-reduce on the link
+as ``validate dp``: profile the model alone once; calibrate the gloo all-reduce and all-gather on the link
 (``trainsim.cluster.calibrate``); calibrate each algorithm's encode/decode on this machine with one
 thread, like the workers (``trainsim.compress.secopa.calibrate_codec``); predict with
 ``trainsim.transform.compression.compression`` (or ``data_parallel`` for plain DDP) and the simulator;
@@ -182,8 +182,12 @@ def run_harness(
             sizes = sorted({*default_sizes(max_msg), max_msg})  # as validate dp: up to the largest bucket
             net_cm = Netns(2, rate_mbit=rate, delay_ms=delay) if reason is None else None
             with net_cm if net_cm is not None else contextlib.nullcontext() as net:
-                log(f"calibrating gloo all-reduce on {_link(rate, delay)} ({len(sizes)} sizes)")
-                cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net)
+                # compressed buckets travel by all-gather: time it too, up to ~1/8 of the largest bucket
+                ag_sizes = default_sizes(max(4096, max_msg // 8))
+                log(f"calibrating gloo all-reduce ({len(sizes)} sizes) and all-gather ({len(ag_sizes)}) "
+                    f"on {_link(rate, delay)}")  # fmt: skip
+                cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net,
+                                allgather_sizes=ag_sizes)  # fmt: skip
                 for c in group:
                     prof = profiled[c.model].at_host_speed(_corun_steps(c.model, 2, max(10, steps)))
                     wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
@@ -205,7 +209,8 @@ def run_harness(
                             host_overhead_us=1e3 * (prof.ddp_overhead_ms * prof.host_factor + prof.straggler_ms),
                         )
                         g2 = compression(
-                            prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link
+                            prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
+                            allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
                         )
                         res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
                         pred = dp_step_ms(res2.step_ms, "ddp")

@@ -10,14 +10,18 @@
 3. **emulate the network** (2 shaped namespaces) and **calibrate** gloo on it; a point-to-point
    transfer of S bytes is taken as half the fixed cost of a 2-rank all-reduce plus its per-byte cost
    (both move S bytes per rank; the all-reduce in two steps);
-4. **predict** each schedule by replaying the lowered action order of torch's own schedule object;
-5. **measure** it with ``trainsim.run.pipeline`` (the same order, executed by torch's runtime);
-6. report errors, and whether the predicted ranking of schedules matches the measured one wherever
+4. **probe** the runtime's own cost per send or receive: the schedule with the most of them, run and
+   predicted on the zoo's hollow transformer (same activations, almost no compute); the difference per
+   SEND/RECV action is added to every transfer's host CPU (``_probe_p2p_overhead_us``; ``--no-probe``);
+5. **predict** each schedule by replaying the lowered action order of torch's own schedule object;
+6. **measure** it with ``trainsim.run.pipeline`` (the same order, executed by torch's runtime);
+7. report errors, and whether the predicted ranking of schedules matches the measured one wherever
    the measured gap exceeds ``--rank-gap`` percent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -103,6 +107,7 @@ def run_pipeline_validation(
     warmup: int = 2,
     rank_gap_pct: float = 5.0,
     log: Callable[[str], None] = lambda s: None,
+    probe: bool = True,
 ) -> dict[str, Any]:
     from trainsim.capture.layerprofile import pipeline_action_overhead_us, profile_layers
     from trainsim.cluster.calibrate import calibrate
@@ -122,7 +127,9 @@ def run_pipeline_validation(
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
     with emulated_link(case.rate_mbit, case.delay_ms, notes) as (net, popen, master):
-        out_bytes = sorted({int(r["out_bytes"]) for b in micro for r in prof.table(b)} | {1024})
+        # the activations' sizes, and sizes up to 1 MiB: on a fast link small messages are all fixed
+        # cost, and a fit on them alone leaves the per-byte cost undetermined (it came out 0)
+        out_bytes = sorted({int(r["out_bytes"]) for b in micro for r in prof.table(b)} | {1024, 256 << 10, 1 << 20})
         log(f"calibrating gloo on {link_label(case.rate_mbit, case.delay_ms)}")
         cal = calibrate(
             world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=out_bytes, reps=5, net=net
@@ -133,6 +140,12 @@ def run_pipeline_validation(
             bw_gbps=8 / (cal.b_us_per_byte * 1e3), latency_us=cal.a_us / 2, cpu_us=c0, cpu_us_per_byte=c1
         )
         log(f"host CPU per send or receive: {c0:.0f} us + {c1 * 1e3:.3f} us/KB")
+        if probe and case.model == "transformer":
+            extra_us = _probe_p2p_overhead_us(case, prof, link, cal.slowdown, steps, warmup, popen, master, log)
+            link = dataclasses.replace(link, cpu_us=link.cpu_us + extra_us)
+            probe_us = round(extra_us, 1)
+        else:
+            probe_us = 0.0
         for m in case.microbatches:
             for name, spr in case.schedules:
                 spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
@@ -186,8 +199,48 @@ def run_pipeline_validation(
         **summary(runs),
         "ranking": ranking_check(runs, rank_gap_pct),
         "notes": notes,
-        "link": {"bw_gbps": link.bw_gbps, "latency_us": link.latency_us},
-    }
+        "link": {"bw_gbps": link.bw_gbps, "latency_us": link.latency_us, "cpu_us": link.cpu_us,
+                 "cpu_us_per_byte": link.cpu_us_per_byte, "runtime_p2p_us": probe_us},
+    }  # fmt: skip
+
+
+def comm_actions(spec: Any) -> int:
+    """SEND and RECV actions per step on the busiest rank of ``spec``'s lowered order."""
+    from trainsim.transform.pipeline import lowered_order
+
+    kinds = {"SEND_F", "SEND_B", "RECV_F", "RECV_B"}
+    return max(sum(a.computation_type.value in kinds for a in acts) for acts in lowered_order(spec).values())
+
+
+def _probe_p2p_overhead_us(
+    case: PipeCase, prof: Any, link: Any, slowdown: Any, steps: int, warmup: int, popen: Any, master: str,
+    log: Callable[[str], None],
+) -> float:  # fmt: skip
+    """The pipeline runtime's own cost per send or receive on this host and link, beyond the calibrated
+    transfer and its host CPU: run the schedule with the most point-to-point actions on the zoo's
+    *hollow* transformer (same activations, almost no compute), predict it the same way, and spread the
+    difference over its SEND/RECV actions. A property of the runtime, host and link, measured on a
+    model other than the one predicted, like the collective calibration."""
+    from trainsim.capture.layerprofile import profile_layers
+    from trainsim.run.pipeline import PipeRunConfig, run_pipeline
+    from trainsim.transform.pipeline import PipeSpec, predict_pipeline
+
+    m = max(case.microbatches)
+    name, spr = max(case.schedules, key=lambda s: comm_actions(PipeSpec(schedule=s[0], stages_per_rank=s[1], microbatches=m)))
+    spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
+    split = [len(s) for s in predict_pipeline(prof, spec, batch_size=case.batch_size, link=link).split]
+    hollow = profile_layers(case.model, batch_sizes=(case.batch_size // m,), reps=20, zoo={**case.zoo(), "hollow": True})
+    pred = predict_pipeline(hollow, spec, batch_size=case.batch_size, link=link, split=split, slowdown=slowdown).step_ms
+    res = run_pipeline(
+        PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m, batch_size=case.batch_size,
+                      split=tuple(split), blocks=case.blocks, steps=steps, warmup=warmup, hollow=True),
+        popen=popen, master=master, port=random.randint(20000, 60000),
+    )  # fmt: skip
+    n = comm_actions(spec)
+    extra = max(0.0, (res["step_ms"] - pred) * 1e3 / n)
+    log(f"runtime probe ({name}/{spr}, M={m}, hollow model): predicted {pred:.1f} ms, measured "
+        f"{res['step_ms']:.1f} ms over {n} sends/receives per step: +{extra:.0f} us each")  # fmt: skip
+    return extra
 
 
 @click.command("pipeline")
@@ -204,6 +257,7 @@ def run_pipeline_validation(
 @click.option(
     "--rank-gap", type=float, default=5.0, show_default=True, help="ranking checked above this gap, %"
 )
+@click.option("--no-probe", is_flag=True, help="no runtime probe on the hollow model (see the module docstring)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def pipeline_command(
     quick: bool,
@@ -215,6 +269,7 @@ def pipeline_command(
     delay: float,
     steps: int,
     rank_gap: float,
+    no_probe: bool,
     as_json: bool,
 ) -> None:
     """Predict and measure GPipe, 1F1B, interleaved and zero-bubble schedules on 2 processes."""
@@ -244,6 +299,7 @@ def pipeline_command(
         steps=5 if quick else steps,
         warmup=2,
         rank_gap_pct=rank_gap,
+        probe=not no_probe,
         log=(lambda s: None)
         if as_json
         else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
