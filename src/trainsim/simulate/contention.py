@@ -113,11 +113,14 @@ def simulate_contended(
 
 
 def simulate_with_host_cpu(
-    g: TaskGraph, comm_cpu_us: F64, *, comm_slowdown: F64 | None = None, rounds: int = 3
+    g: TaskGraph, comm_cpu_us: F64, *, comm_slowdown: F64 | None = None, rounds: int = 3, busy_share: float = 1.0
 ) -> SimResult:
     """Replay ``g`` with communication tasks taking ``comm_cpu_us`` (per task; 0 for the rest) of host
     CPU from the compute threads they overlap, and running ``comm_slowdown`` times slower (per task,
-    >= 1) while those threads compute (see the module docstring)."""
+    >= 1) while those threads compute (see the module docstring). ``busy_share``: how much one busy
+    compute thread counts towards "the ranks compute" (capped at 1 in all): 1 for a graph of one rank
+    (the others do the same), ``1 / ranks`` for a graph of every rank, where the slowdown measured with
+    every rank computing applies in full only while all of them do."""
     cpu = np.asarray(comm_cpu_us, dtype=np.float64)
     if cpu.shape != (g.n_tasks,):
         raise ValueError(f"comm_cpu_us has shape {cpu.shape}, expected ({g.n_tasks},)")
@@ -139,7 +142,7 @@ def simulate_with_host_cpu(
         dur = stretched_us(res.start_us, base, cs, ce, share, victims)
         # during the B us of its span in which the compute threads are busy, a transfer progresses at
         # 1/sigma of its speed: it lasts base + B (1 - 1/sigma)
-        busy = overlap_us(res.start_us, res.end_us, victims, np.ones(victims.size), comm)[comm]
+        busy = overlap_us(res.start_us, res.end_us, victims, np.full(victims.size, busy_share), comm)[comm]
         dur[comm] = base[comm] + busy * (1.0 - 1.0 / sigma[comm])
         res = simulate(g.with_columns(dur_us=dur))
     return res

@@ -427,11 +427,12 @@ def predict_pipeline(
     overhead_us: float = 0.0,
     steps: int = 4,
     slowdown: Callable[[float], float] | None = None,
+    busy_share: float | None = None,
 ) -> PipePrediction:
     """Predicted step time (ms) of ``spec`` from a single-process per-layer profile. ``slowdown``: how
     much slower a transfer of S bytes runs while the ranks compute (a calibration's ``slowdown``; CPU
-    hosts), applied with ``trainsim.simulate.contention``; the host CPU of sends and receives is in
-    ``link``."""
+    hosts), applied with ``trainsim.simulate.contention`` (``busy_share``: its argument of that name;
+    default ``1 / ranks``); the host CPU of sends and receives is in ``link``."""
     from trainsim.simulate.contention import comm_slowdown_column, simulate_with_host_cpu
     from trainsim.simulate.engine import simulate
 
@@ -448,7 +449,12 @@ def predict_pipeline(
     if slowdown is None:
         res = simulate(g)
     else:
-        res = simulate_with_host_cpu(g, np.zeros(g.n_tasks), comm_slowdown=comm_slowdown_column(g, slowdown))
+        # the slowdown was measured with every rank computing: by default half of it while only one of
+        # 2 does (``busy_share``, see ``simulate_with_host_cpu``)
+        share = 1.0 / spec.n_ranks if busy_share is None else busy_share
+        res = simulate_with_host_cpu(
+            g, np.zeros(g.n_tasks), comm_slowdown=comm_slowdown_column(g, slowdown), busy_share=share
+        )
     ends = np.array([res.end_us[g.step == s].max() for s in range(steps)])
     step_ms = float((ends[-1] - ends[0]) / (steps - 1) / 1e3) if steps > 1 else float(ends[0] / 1e3)
     return PipePrediction(spec, layers, step_ms, g)

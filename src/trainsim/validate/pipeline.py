@@ -154,6 +154,11 @@ def run_pipeline_validation(
                     slowdown=cal.slowdown,
                 )
                 sizes = tuple(len(s) for s in pred.split)
+                # the same with the busy-host slowdown counted in full while either rank computes
+                alt = predict_pipeline(
+                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
+                    slowdown=cal.slowdown, busy_share=1.0,
+                ).step_ms  # fmt: skip
                 label = f"{name}/{spr}"
                 log(f"running {label} M={m} split {sizes}, predicted {pred.step_ms:.1f} ms")
                 res = run_pipeline(
@@ -193,6 +198,7 @@ def run_pipeline_validation(
                         "error_pct": round(100 * (pred.step_ms - meas) / meas, 2),
                         "measured_min_ms": round(res["step_min_ms"], 3),
                         "action_overhead_us": round(overhead[m], 1),
+                        "predicted_busy_full_ms": round(alt, 3),
                     }
                 )
     return {
