@@ -97,6 +97,28 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     # the CPU pass ran for every size (all are fast here) and measured something
     assert cal.cpu_sizes_bytes == cal.sizes_bytes and all(c > 0 for c in cal.cpu_allreduce_us)
     assert len(cal.cpu_p2p_us) == len(cal.sizes_bytes)
-    ag = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, allgather_sizes=[1024, 8192])
+    ag = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, allgather_sizes=[1024, 8192],
+                   p2p_sizes=[1024, 8192])  # fmt: skip
     assert ag.allgather_sizes_bytes == [1024, 8192] and all(t > 0 for t in ag.allgather_measured_us)
     assert ag.allgather_us(4096) > 0
+    assert ag.p2p_sizes_bytes == [1024, 8192] and len(ag.p2p_oneway_us) == len(ag.p2p_exchange_us) == 2
+    assert all(t > 0 for t in ag.p2p_oneway_us + ag.p2p_exchange_us) and ag.duplex_factor() == 1.0
+
+
+def test_p2p_line_and_duplex_factor() -> None:
+    sizes = [1024, 1 << 20]
+    a, b, link = fit_alpha_beta(np.array(sizes), np.array([500.0, 9000.0]), world=2)
+    base = dict(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=sizes, measured_us=[500.0, 9000.0],
+                a_us=a, b_us_per_byte=b, link=link)  # fmt: skip
+    cal = Calibration(**base, p2p_sizes_bytes=[4096, 65536, 1 << 20],  # type: ignore[arg-type]
+                      p2p_oneway_us=[150.0 + 0.008 * s for s in (4096, 65536, 1 << 20)],
+                      p2p_exchange_us=[300.0, 1000.0, 1.6 * (150.0 + 0.008 * (1 << 20))])  # fmt: skip
+    assert cal.p2p_line() == pytest.approx((150.0, 0.008))
+    assert cal.duplex_factor() == pytest.approx(1.6)  # only sizes >= 256 KiB count
+    back = Calibration.from_json(cal.to_json())
+    assert back.duplex_factor() == pytest.approx(1.6)
+    none = Calibration(**base)  # type: ignore[arg-type]
+    assert none.duplex_factor() == 1.0
+    assert none.p2p_line() == pytest.approx((link.latency_us, 1.0 / link.bytes_per_us))
+    with pytest.raises(UserError, match="p2p_sizes"):
+        calibrate(p2p_sizes=[1024])

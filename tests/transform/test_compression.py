@@ -131,3 +131,19 @@ def test_casync_cost_by_hand() -> None:
     assert us == pytest.approx(2 * (1 << 16) / 65.544 + 50.0)
     with pytest.raises(UserError):
         casync_us(MiB, 1, 2, _cost(), LINK, "tree")
+
+
+def test_ps_partitions_pay_the_duplex_factor() -> None:
+    """N = 2: with one partition the owner only receives (gather) and only sends (broadcast); with two,
+    each rank sends and receives at once in both phases, at ``duplex`` times the one-way cost."""
+    from trainsim.transform.compression import casync_parts
+
+    line = (100.0, 0.01)  # us, us per byte
+    _, one = casync_parts(MiB, 1, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7)
+    _, two = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7)
+    wire = _cost().wire_bytes(MiB)
+    half = _cost().wire_bytes(MiB // 2)
+    assert one == pytest.approx(2 * (wire * 0.01 + 100.0))
+    assert two == pytest.approx(2 * (half * 0.01 * 1.7 + 2 * 100.0))
+    _, full_duplex = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.0)
+    assert full_duplex < two < one

@@ -78,6 +78,12 @@ class Calibration:
     """mean all-gather time per size of ``allgather_sizes_bytes``"""
     allgather_fit: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """``(a_us, b_us_per_byte, floor_us)`` of ``t = a + max(floor, b * S)`` for the all-gather, S per rank"""
+    p2p_sizes_bytes: list[int] = field(default_factory=list)
+    """sizes at which point-to-point transfers were timed (none: not measured)"""
+    p2p_oneway_us: list[float] = field(default_factory=list)
+    """mean time of one send from rank 0 to rank 1 (the other ranks idle), per size"""
+    p2p_exchange_us: list[float] = field(default_factory=list)
+    """mean time of a simultaneous exchange (every rank sends S to and receives S from its pair), per size"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -104,6 +110,24 @@ class Calibration:
 
     def predict_us(self, size_bytes: float) -> float:
         return self.a_us + max(self.floor_us, self.b_us_per_byte * size_bytes)
+
+    def p2p_line(self) -> tuple[float, float]:
+        """``(latency_us, us_per_byte)`` of one point-to-point transfer, a relative least-squares line
+        through the one-way times; from the all-reduce's ring model when not measured."""
+        if len(self.p2p_oneway_us) >= 2:
+            return _nonneg_line(np.asarray(self.p2p_sizes_bytes, float), np.asarray(self.p2p_oneway_us, float))
+        return self.link.latency_us, 1.0 / self.link.bytes_per_us
+
+    def duplex_factor(self) -> float:
+        """How much longer a transfer takes when the link carries one the other way at the same time:
+        exchange / one-way time, averaged over the sizes of at least 256 KiB (in [1, 2]; 1 if not
+        measured). 1 is a full-duplex link, 2 one whose directions share one capacity. TCP over a shaped
+        link lands in between: each direction's ACKs queue behind the other direction's data."""
+        pairs = [(e, o) for s, e, o in zip(self.p2p_sizes_bytes, self.p2p_exchange_us, self.p2p_oneway_us, strict=False)
+                 if s >= 256 << 10 and o > 0]  # fmt: skip
+        if not pairs:
+            return 1.0
+        return float(min(2.0, max(1.0, statistics.fmean(e / o for e, o in pairs))))
 
     def allgather_us(self, size_bytes: float) -> float:
         """Time of an all-gather of ``size_bytes`` per rank: the fitted all-gather line where it was
@@ -201,9 +225,12 @@ def calibrate(
     timeout_s: float = 600.0,
     net: object | None = None,
     allgather_sizes: list[int] | None = None,
+    p2p_sizes: list[int] | None = None,
 ) -> Calibration:
     """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
-    ``allgather_sizes``: per-rank sizes at which to time ``all_gather_into_tensor`` too (>= 2 sizes)."""
+    ``allgather_sizes``: per-rank sizes at which to time ``all_gather_into_tensor`` too (>= 2 sizes);
+    ``p2p_sizes``: sizes at which to time one-way sends and simultaneous exchanges (>= 2 sizes, an even
+    number of ranks)."""
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
@@ -217,8 +244,12 @@ def calibrate(
     ag_sizes = sorted(set(allgather_sizes or []))
     if len(ag_sizes) == 1 or any(x < 4 for x in ag_sizes):
         raise UserError(f"calibrate: allgather_sizes={ag_sizes}; expected at least two sizes of >= 4 bytes")
+    pp_sizes = sorted(set(p2p_sizes or []))
+    if len(pp_sizes) == 1 or any(x < 4 for x in pp_sizes) or (pp_sizes and world % 2):
+        raise UserError(f"calibrate: p2p_sizes={pp_sizes} with {world} ranks; expected at least two sizes of "
+                        ">= 4 bytes and an even number of ranks")  # fmt: skip
     args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
-            ",".join(map(str, ag_sizes)) or "-"]  # fmt: skip
+            ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-"]  # fmt: skip
     notes: list[str] = []
     if isinstance(net, Netns):
         outs = launch(world, args, net=net, timeout_s=timeout_s)
@@ -243,12 +274,15 @@ def calibrate(
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) == 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
+    p2p = [(float(statistics.fmean(o)), float(statistics.fmean(e))) for o, e in data.get("p2p_us", [])]
     return Calibration(
         world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, sizes_bytes=list(sizes), measured_us=med,
         a_us=a, b_us_per_byte=b, floor_us=floor, link=_ring_link(a + floor, b, world), where=where, notes=notes,
         cpu_allreduce_us=[c[0] for _, c in cpu], cpu_p2p_us=[c[1] for _, c in cpu],
         cpu_sizes_bytes=[s for s, _ in cpu], busy_slowdown=[max(1.0, c[3] / c[2]) for _, c in cpu],
         allgather_sizes_bytes=ag_sizes if ag else [], allgather_measured_us=ag, allgather_fit=ag_fit,
+        p2p_sizes_bytes=pp_sizes if p2p else [], p2p_oneway_us=[o for o, _ in p2p],
+        p2p_exchange_us=[e for _, e in p2p],
     )  # fmt: skip
 
 
@@ -343,7 +377,23 @@ def _measure(op: Callable[[], Any], reps: int, budget_s: float) -> list[float]:
     return list(tt.tolist())
 
 
-def _worker(sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int]) -> None:
+def _p2p_ops(x: Any, y: Any, *, exchange: bool) -> None:
+    """One transfer of ``x`` between each pair (0,1), (2,3) ...: from the even rank to the odd one, or,
+    with ``exchange``, both ways at once (batched isend + irecv, as torch's pipeline runtime posts them)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    if exchange:
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]):
+            work.wait()
+    elif rank % 2 == 0:
+        dist.send(x, peer)
+    else:
+        dist.recv(y, peer)
+
+
+def _worker(sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int], pp_sizes: list[int]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -363,15 +413,22 @@ def _worker(sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int]) -
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
         buf = torch.empty(world * x.numel(), dtype=torch.float32)
         gathered.append(_measure(partial(dist.all_gather_into_tensor, buf, x), reps, budget_s))
+    p2p: list[list[list[float]]] = []
+    for size in pp_sizes:
+        x = torch.ones(max(1, size // 4), dtype=torch.float32)
+        y = torch.empty_like(x)
+        p2p.append([_measure(partial(_p2p_ops, x, y, exchange=ex), reps, budget_s / 2) for ex in (False, True)])
     if rank == 0:
-        print(json.dumps({"sizes": sizes, "us": out, "cpu_us": cpu, "allgather_us": gathered}), flush=True)
+        print(json.dumps({"sizes": sizes, "us": out, "cpu_us": cpu, "allgather_us": gathered, "p2p_us": p2p}),
+              flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
-        ag = [] if sys.argv[5] == "-" else [int(s) for s in sys.argv[5].split(",")]
-        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]), ag)
+    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
+        ag, pp = ([] if a == "-" else [int(s) for s in a.split(",")] for a in sys.argv[5:7])
+        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]), ag, pp)
     else:
-        print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS BUDGET_S AG_SIZES|- (started by `trainsim calibrate`)")
+        print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS BUDGET_S AG_SIZES|- P2P_SIZES|- "
+              "(started by `trainsim calibrate`)")  # fmt: skip
         sys.exit(2)

@@ -175,12 +175,15 @@ def compression(
     *,
     allreduce_time: Callable[[float], float] | None = None,
     allgather_time: Callable[[float], float] | None = None,
+    p2p: tuple[float, float] | None = None,
+    duplex: float = 1.0,
 ) -> TaskGraph:
     """``g`` as one rank of a ``cfg.world``-rank DDP job whose buckets go through the compression hook.
 
     Collective times come from the ring model of ``link`` unless measured ones are given:
     ``allreduce_time(bytes)`` and ``allgather_time(bytes per rank)`` (e.g. a ``Calibration``'s
-    ``predict_us`` and ``allgather_us``). The PS and ring schemes always use ``link``."""
+    ``predict_us`` and ``allgather_us``). The PS and ring schemes take ``p2p`` and ``duplex`` (see
+    ``casync_parts``; e.g. ``cal.p2p_line()`` and ``cal.duplex_factor()``)."""
     if not params:
         raise UserError(
             f"{g.source}: the trace records no parameters; a compression what-if needs their sizes"
@@ -228,7 +231,8 @@ def compression(
             if not comp_items:
                 continue
             if cfg.scheme != "allgather":  # PS / ring: synchronous inside the hook
-                pieces = [casync_parts(q.numel, k, p, cost, link, cfg.scheme) for q, k in comp_items]
+                pieces = [casync_parts(q.numel, k, p, cost, link, cfg.scheme, p2p=p2p, duplex=duplex)
+                          for q, k in comp_items]  # fmt: skip
                 comp_us, xfer_us = sum(c for c, _ in pieces), sum(x for _, x in pieces)
                 # the codec work on the main thread, the transfers on the network (after the bucket's
                 # uncompressed all-reduce, which shares the link); the main thread is blocked until
@@ -345,7 +349,15 @@ def casync_us(numel: int, parts: int, world: int, cost: CodecCost, link: Link, s
 
 
 def casync_parts(
-    numel: int, parts: int, world: int, cost: CodecCost, link: Link, scheme: str
+    numel: int,
+    parts: int,
+    world: int,
+    cost: CodecCost,
+    link: Link,
+    scheme: str,
+    *,
+    p2p: tuple[float, float] | None = None,
+    duplex: float = 1.0,
 ) -> tuple[float, float]:
     """``(compute_us, transfer_us)`` of ``trainsim.run.casync`` PS or ring on one gradient, as that
     code runs it, on the busiest rank.
@@ -356,23 +368,30 @@ def casync_parts(
     re-encode; the broadcasts; decode all K. Ring: N-1 hops of K (encode, send, decode-add) on
     chunks of m/(K N), then a compressed all-gather and N K decodes. The transfers use the network,
     the rest the rank's CPU.
+
+    Transfers cost ``latency + bytes * per_byte`` (``p2p``: a measured point-to-point line, else the
+    link's), times ``duplex`` (``Calibration.duplex_factor``) while the rank sends and receives at once:
+    in a PS phase with K >= 2 partitions each rank owns some and sends the others', and every ring hop.
     """
     k = max(1, min(parts, numel))
     n = world
+    latency, per_byte = p2p if p2p is not None else (link.latency_us, 1.0 / link.bytes_per_us)
     if scheme == "ps":
         part = numel / k
         wire = cost.wire_bytes(max(1, int(part)))
         owned = -(-k // n)  # partitions of the busiest owner
-        per_byte = 1.0 / link.bytes_per_us
-        gather = owned * (n - 1) * wire * per_byte + k * link.latency_us
-        bcast = owned * (n - 1) * wire * per_byte + k * link.latency_us
+        # per phase the busiest owner takes (N-1) wires per partition it owns and sends one wire for
+        # each partition it does not own (gather); the broadcast is the same the other way
+        inbound, outbound = owned * (n - 1) * wire, (k - owned) * wire
+        both = duplex if inbound > 0 and outbound > 0 else 1.0
+        phase = max(inbound, outbound) * per_byte * both + k * latency
         compute = k * cost.enc_us(int(part)) + owned * (n * cost.dec_us(int(part)) + cost.enc_us(int(part)))
-        return compute + k * cost.dec_us(int(part)), gather + bcast
+        return compute + k * cost.dec_us(int(part)), 2 * phase
     if scheme == "ring":
         chunk = max(1, -(-numel // (k * n)))
         wire = cost.wire_bytes(chunk)
         hop_compute = k * (cost.enc_us(chunk) + cost.dec_us(chunk))
-        hop_transfer = k * wire / link.bytes_per_us + link.latency_us
+        hop_transfer = k * wire * per_byte * duplex + latency
         compute = (n - 1) * hop_compute + k * cost.enc_us(chunk) + k * n * cost.dec_us(chunk)
         return compute, (n - 1) * hop_transfer + allgather_us(n * wire * k, n, link)
     raise UserError(f"casync: unknown scheme {scheme!r}; expected ps or ring")

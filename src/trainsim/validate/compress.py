@@ -187,7 +187,9 @@ def run_harness(
                 log(f"calibrating gloo all-reduce ({len(sizes)} sizes) and all-gather ({len(ag_sizes)}) "
                     f"on {_link(rate, delay)}")  # fmt: skip
                 cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net,
-                                allgather_sizes=ag_sizes)  # fmt: skip
+                                allgather_sizes=ag_sizes, p2p_sizes=[4096, 64 << 10, 1 << 20])  # fmt: skip
+                log(f"  point-to-point: {cal.p2p_line()[0]:.0f} us + {cal.p2p_line()[1] * 1e3:.2f} us/KB, "
+                    f"both ways at once x{cal.duplex_factor():.2f}")  # fmt: skip
                 for c in group:
                     prof = profiled[c.model].at_host_speed(_corun_steps(c.model, 2, max(10, steps)))
                     wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
@@ -211,6 +213,7 @@ def run_harness(
                         g2 = compression(
                             prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
                             allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
+                            p2p=cal.p2p_line(), duplex=cal.duplex_factor(),
                         )
                         res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
                         pred = dp_step_ms(res2.step_ms, "ddp")
