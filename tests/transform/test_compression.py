@@ -147,3 +147,17 @@ def test_ps_partitions_pay_the_duplex_factor() -> None:
     assert two == pytest.approx(2 * (half * 0.01 * 1.7 + 2 * 100.0))
     _, full_duplex = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.0)
     assert full_duplex < two < one
+
+
+def test_codec_time_per_step_by_hand() -> None:
+    from trainsim.transform.compression import codec_us_per_step
+
+    _, params, _ = _profile()
+    cfg = CompressConfig(algorithm="onebit")
+    # two compressed gradients, each encode 10 us + world x decode 5 us
+    assert codec_us_per_step(params, SHAPES, cfg, _cost(), LINK, world=1) == pytest.approx(2 * (10 + 5))
+    assert codec_us_per_step(params, SHAPES, cfg, _cost(), LINK, world=2) == pytest.approx(2 * (10 + 2 * 5))
+    assert codec_us_per_step(params, SHAPES, cfg, _cost(summable=True), LINK, world=2) == pytest.approx(2 * 15)
+    ps = CompressConfig(algorithm="onebit", scheme="ps")
+    # PS, one partition, one rank: encode, decode the one part and re-encode, decode: 10 + (5 + 10) + 5
+    assert codec_us_per_step(params, SHAPES, ps, _cost(), LINK, world=1) == pytest.approx(2 * 30)

@@ -164,6 +164,28 @@ def _compressed(name: str, shape: Sequence[int], numel: int, cfg: CompressConfig
     return yes, (decision[1] if decision is not None else 1)
 
 
+def codec_us_per_step(
+    params: Sequence[ParamInfo], shapes: Mapping[str, Sequence[int]], cfg: CompressConfig, cost: CodecCost,
+    link: Link, world: int,
+) -> float:  # fmt: skip
+    """The codec's CPU time (us) in one training step on one of ``world`` ranks, as ``compression``
+    charges it: encode plus ``world`` decodes per compressed gradient (one for summable codecs), or the
+    compute part of ``casync_parts`` for PS / ring. With ``world=1`` it is what a one-rank run of the
+    hook spends in the codec (``trainsim.validate.compress`` subtracts it to find the hook's own cost).
+    PowerSGD: its encode (both halves) and decode."""
+    total = 0.0
+    for q in params:
+        yes, parts = _compressed(q.name, shapes[q.name], q.numel, cfg)
+        if not yes:
+            continue
+        if cfg.scheme != "allgather" and not cost.low_rank:
+            total += casync_parts(q.numel, parts, world, cost, link, cfg.scheme)[0]
+        else:
+            n_dec = 1 if cost.summable or cost.low_rank else world
+            total += cost.enc_us(q.numel) + n_dec * cost.dec_us(q.numel)
+    return total
+
+
 def compression(
     g: TaskGraph,
     params: Sequence[ParamInfo],

@@ -19,6 +19,7 @@ Without the rights to make namespaces it says so once and runs on unshaped loopb
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -114,6 +115,24 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
     }
 
 
+def _hook_overhead_ms(
+    wcfg: dict[str, Any], ccfg: Any, cost: Any, link: Any, params: Any, shapes: dict[str, Any]
+) -> float:
+    """The compression hook's own host work per step beyond its codec, measured in one process: a
+    one-rank group runs plain DDP and DDP with the hook alternately (``_hook_vs_plain``); the
+    difference, less the codec time the what-if already charges for one rank
+    (``codec_us_per_step(world=1)``), is the hook's bookkeeping (layouts, copies, futures, the
+    non-finite markers), at least 0."""
+    from trainsim.transform.compression import codec_us_per_step
+    from trainsim.validate.launch import launch
+
+    cfg = {**wcfg, "overhead": True, "steps": max(6, int(wcfg["steps"])), "warmup": 2}
+    out = launch(1, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None, timeout_s=300)
+    data = json.loads(out[0].strip().splitlines()[-1])
+    codec_ms = codec_us_per_step(params, shapes, ccfg, cost, link, world=1) / 1e3
+    return max(0.0, data["hook_ms"] - data["plain_ms"] - codec_ms)
+
+
 def _plan_file(
     c: RunConfig, cost: Any, link: Any, names: list[tuple[str, int]], shapes: dict[str, Any], wd: Path
 ) -> Path:
@@ -206,10 +225,11 @@ def run_harness(
                             path = _plan_file(c, cost, cal.link, names[c.model], shapes[c.model], wd)
                             plan = Plan.load(path)
                             wcfg["plan"] = str(path)
-                        ccfg = CompressConfig(
-                            algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan,
-                            host_overhead_us=1e3 * (prof.ddp_overhead_ms * prof.host_factor + prof.straggler_ms),
-                        )
+                        ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan)
+                        hook_ms = _hook_overhead_ms(wcfg, ccfg, cost, cal.link, prof.params, shapes[c.model])
+                        log(f"  the hook's own work beyond its codec: {hook_ms:.2f} ms/step (one process)")
+                        ccfg = dataclasses.replace(ccfg, host_overhead_us=1e3 * (
+                            (prof.ddp_overhead_ms + hook_ms) * prof.host_factor + prof.straggler_ms))  # fmt: skip
                         g2 = compression(
                             prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
                             allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
@@ -297,6 +317,31 @@ def compress_command(
 # ---- the worker: one rank of compressed DDP (python -m trainsim.validate.compress JSON) ----------
 
 
+def _hook_vs_plain(model: Any, wrap: Any, batch: Any, warmup: int, steps: int) -> dict[str, float]:
+    """Median step (ms) of plain DDP and of DDP with the compression hook, in a one-rank group, run
+    alternately on two copies of the model so that both see the same host load."""
+    import copy
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    nets = {"plain_ms": DDP(model), "hook_ms": wrap(copy.deepcopy(model))}
+    times: dict[str, list[float]] = {k: [] for k in nets}
+    for _ in range(2):
+        for key, net in nets.items():
+            opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+            for step in range(warmup + steps):
+                t0 = time.perf_counter()
+                x, y = batch(step)
+                opt.zero_grad(set_to_none=True)
+                loss_fn(net(x), y).backward()
+                opt.step()
+                if step >= warmup:
+                    times[key].append((time.perf_counter() - t0) * 1e3)
+    return {k: float(statistics.median(v)) for k, v in times.items()}
+
+
 def worker(cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
@@ -309,17 +354,25 @@ def worker(cfg: dict[str, Any]) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model, batch = build_with_batches(cfg["model"], seed=0, spec=ZooSpec(batch_size=32))
-    net = DDP(model)
     algo = cfg["algorithm"]
-    if algo != "none":
-        plan = None
-        if cfg.get("plan"):
-            from trainsim.compress.secopa import Plan
 
-            plan = Plan.load(cfg["plan"])
-        state = CompressionState(algo, model=model, scheme=cfg.get("scheme", "allgather"), plan=plan,
-                                 **cfg.get("options", {}))  # fmt: skip
-        net.register_comm_hook(state, hook_for(algo))
+    def wrap(m: Any) -> Any:
+        net = DDP(m)
+        if algo != "none":
+            plan = None
+            if cfg.get("plan"):
+                from trainsim.compress.secopa import Plan
+
+                plan = Plan.load(cfg["plan"])
+            state = CompressionState(algo, model=m, scheme=cfg.get("scheme", "allgather"), plan=plan,
+                                     **cfg.get("options", {}))  # fmt: skip
+            net.register_comm_hook(state, hook_for(algo))
+        return net
+
+    if cfg.get("overhead"):  # one process: the hook's step vs plain DDP's, alternating
+        print(json.dumps(_hook_vs_plain(model, wrap, batch, int(cfg["warmup"]), int(cfg["steps"]))), flush=True)
+        return
+    net = wrap(model)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     warmup, steps = int(cfg["warmup"]), int(cfg["steps"])
