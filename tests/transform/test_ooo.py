@@ -83,3 +83,17 @@ def test_multistream_overlaps_weight_gradients() -> None:
         predict_multistream(prof, 32, [("BWD", 0), ("FWD", 3), ("BWD", 2), ("BWD", 3), ("BWD", 4)])
     with pytest.raises(UserError, match="schedule map has 2 entries"):
         predict_multistream(prof, 32, [("BWD", 0), ("BWD", 1)])
+
+
+def test_host_terms_stretch_compute_and_add_per_step_work() -> None:
+    from trainsim.transform.ooo import HostTerms
+
+    prof = _profile()
+    net = AllReduceCost(bw_gbps=1e9, latency_us=0.0)
+    compute_ms = (5 * (3 * 1000.0 + 50.0) + 100.0) / 1e3
+    host = HostTerms(factor=1.5, extra_us=2000.0)
+    for k in (0, 3):
+        # every CPU task 1.5x slower, plus 2 ms per step that the factor does not stretch
+        assert predict_dp(prof, 32, k, net, host=host) == pytest.approx(1.5 * compute_ms + 2.0, rel=1e-6)
+    with pytest.raises(ValueError, match="HostTerms"):
+        HostTerms(factor=0.0)

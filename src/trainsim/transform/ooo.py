@@ -76,8 +76,16 @@ def _cost(net: AllReduceTime) -> Callable[[int], float]:
     return net.time_us if isinstance(net, AllReduceCost) else net
 
 
-def dp_graph(prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *, steps: int = 4) -> TaskGraph:
-    """One rank of ``OooDataParallel(k)`` for ``steps`` steps (k = 0 is DDP with a bucket per layer)."""
+HOST_OVERHEAD = "runtime:host-overhead"
+
+
+def dp_graph(
+    prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *, steps: int = 4, host: HostTerms | None = None
+) -> TaskGraph:
+    """One rank of ``OooDataParallel(k)`` for ``steps`` steps (k = 0 is DDP with a bucket per layer).
+    ``host``: the rank's host as measured beside the run (``HostTerms``): its CPU tasks run
+    ``host.factor`` times slower, and each step adds ``host.extra_us`` on the rank's thread at the end
+    of backward."""
     cost = _cost(net)
     rows = prof.table(batch_size)
     n = len(rows)
@@ -159,9 +167,33 @@ def dp_graph(prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *,
                 layer=rows[i]["name"],
             )
             allreduce(i, step)
+        if host is not None and host.extra_us > 0:
+            b.task(HOST_OVERHEAD, TaskKind.CPU, cpu, host.extra_us, step=step)
         for i in range(k, n):
             update(i, step)
-    return b.build()
+    g = b.build()
+    if host is None or host.factor == 1.0:
+        return g
+    from trainsim.transform.primitives import scale
+
+    extra = np.array([g.task_name(t) == HOST_OVERHEAD for t in range(g.n_tasks)], bool)
+    return scale(g, (g.kind == TaskKind.CPU) & ~extra, host.factor)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostTerms:
+    """What a rank's host adds to the per-layer profile when the ranks share it (measured by
+    ``trainsim.validate.ooo`` with the real runtime in one-rank groups)."""
+
+    factor: float = 1.0
+    """compute slowdown with every rank's process running at once (co-run / alone)"""
+    extra_us: float = 0.0
+    """per step: the runtime's own host work beyond the profile, plus the expected wait for the
+    slowest rank"""
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0 or not self.extra_us >= 0:
+            raise ValueError(f"HostTerms: factor={self.factor}, extra_us={self.extra_us}; expected > 0 and >= 0")
 
 
 PerSize = Callable[[float], float]
@@ -194,9 +226,11 @@ def predict_dp(
     steps: int = 4,
     cpu_us: PerSize | None = None,
     slowdown: PerSize | None = None,
+    host: HostTerms | None = None,
 ) -> float:
-    """Predicted step time (ms) of reverse-first-k data parallelism (contention: see ``steady_step_ms``)."""
-    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps), cpu_us, slowdown)
+    """Predicted step time (ms) of reverse-first-k data parallelism (contention: see ``steady_step_ms``;
+    ``host``: see ``dp_graph``)."""
+    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps, host=host), cpu_us, slowdown)
 
 
 def search_k(
@@ -205,10 +239,11 @@ def search_k(
     net: AllReduceTime,
     cpu_us: PerSize | None = None,
     slowdown: PerSize | None = None,
+    host: HostTerms | None = None,
 ) -> tuple[int, dict[int, float]]:
     """The k with the smallest predicted step time (ties: the smaller k), and every k's prediction."""
     n = len(prof.table(batch_size))
-    pred = {k: predict_dp(prof, batch_size, k, net, cpu_us=cpu_us, slowdown=slowdown) for k in range(n + 1)}
+    pred = {k: predict_dp(prof, batch_size, k, net, cpu_us=cpu_us, slowdown=slowdown, host=host) for k in range(n + 1)}
     best = min(pred, key=lambda k: (round(pred[k], 6), k))
     return best, pred
 

@@ -206,7 +206,7 @@ def run_harness(
                 log(f"calibrating gloo all-reduce ({len(sizes)} sizes) and all-gather ({len(ag_sizes)}) "
                     f"on {_link(rate, delay)}")  # fmt: skip
                 cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net,
-                                allgather_sizes=ag_sizes, p2p_sizes=[4096, 64 << 10, 1 << 20])  # fmt: skip
+                                allgather_sizes=ag_sizes, p2p_sizes=[4096, 256 << 10, 1 << 20])  # fmt: skip
                 log(f"  point-to-point: {cal.p2p_line()[0]:.0f} us + {cal.p2p_line()[1] * 1e3:.2f} us/KB, "
                     f"both ways at once x{cal.duplex_factor():.2f}")  # fmt: skip
                 for c in group:
@@ -319,27 +319,16 @@ def compress_command(
 
 def _hook_vs_plain(model: Any, wrap: Any, batch: Any, warmup: int, steps: int) -> dict[str, float]:
     """Median step (ms) of plain DDP and of DDP with the compression hook, in a one-rank group, run
-    alternately on two copies of the model so that both see the same host load."""
+    alternately on two copies of the model (``dp_worker.alternating_ms``)."""
     import copy
 
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    loss_fn = torch.nn.CrossEntropyLoss()
+    from trainsim.validate.dp_worker import alternating_ms
+
     nets = {"plain_ms": DDP(model), "hook_ms": wrap(copy.deepcopy(model))}
-    times: dict[str, list[float]] = {k: [] for k in nets}
-    for _ in range(2):
-        for key, net in nets.items():
-            opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-            for step in range(warmup + steps):
-                t0 = time.perf_counter()
-                x, y = batch(step)
-                opt.zero_grad(set_to_none=True)
-                loss_fn(net(x), y).backward()
-                opt.step()
-                if step >= warmup:
-                    times[key].append((time.perf_counter() - t0) * 1e3)
-    return {k: float(statistics.median(v)) for k, v in times.items()}
+    return alternating_ms(nets, batch, torch.nn.CrossEntropyLoss(), 0.01, warmup, steps)
 
 
 def worker(cfg: dict[str, Any]) -> None:

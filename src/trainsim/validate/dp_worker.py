@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -254,10 +255,18 @@ def runtime_overhead(
             m._forward_pre_hooks.clear()
         for q in model.parameters():
             q._post_accumulate_grad_hooks = None
-    import statistics
-
     p, d = statistics.median(plain), statistics.median(p3)
     return {**out, "p3_ms": d, "p3_plain_ms": p, "p3_overhead_ms": max(0.0, d - p)}
+
+
+def alternating_ms(nets: dict[str, Any], batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, float]:
+    """Median step time (ms) of the plain training loop on each of ``nets``, the loops run in turn
+    twice (a, b, a, b) so that all of them see the same host load."""
+    times: dict[str, list[float]] = {k: [] for k in nets}
+    for _ in range(2):
+        for key, net in nets.items():
+            times[key] += _loop_ms(net, batch, loss_fn, lr, warmup, steps)
+    return {k: float(statistics.median(v)) for k, v in times.items()}
 
 
 def ddp_overhead(model: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, Any]:
@@ -266,21 +275,12 @@ def ddp_overhead(model: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, s
     DDP adds work that the plain loop's profile does not have: autograd hooks per parameter, copying
     gradients into bucket buffers and back, the reducer's bookkeeping, the buffer sync before forward.
     With one rank its collectives have nobody to talk to, so ``DDP step - plain step`` is that host
-    work. The two loops alternate (plain, DDP, plain, DDP) so both see the same host load; returns
-    the medians and their difference (``overhead_ms``, at least 0).
+    work (``alternating_ms``); returns the medians and their difference (``overhead_ms``, at least 0).
     """
-    import statistics
-
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    plain: list[float] = []
-    ddp: list[float] = []
-    wrapped = DDP(model)
-    for _ in range(2):
-        plain += _loop_ms(model, batch, loss_fn, lr, warmup, steps)
-        ddp += _loop_ms(wrapped, batch, loss_fn, lr, warmup, steps)
-    p, d = statistics.median(plain), statistics.median(ddp)
-    return {"plain_ms": p, "ddp_ms": d, "overhead_ms": max(0.0, d - p)}
+    t = alternating_ms({"plain_ms": model, "ddp_ms": DDP(model)}, batch, loss_fn, lr, warmup, steps)
+    return {**t, "overhead_ms": max(0.0, t["ddp_ms"] - t["plain_ms"])}
 
 
 def main(cfg: dict[str, Any]) -> None:

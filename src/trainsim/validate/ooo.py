@@ -106,6 +106,33 @@ def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]
     }
 
 
+def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> Any:
+    """``HostTerms`` of reverse-first-``k`` on this host, from the real runtime in one-rank groups (no
+    communication): run alone, then two copies at once (as the 2 ranks share this host). The factor is
+    co-run / alone; ``extra_us`` is what the runtime alone spends beyond the per-layer profile's
+    prediction of the same loop (``predict_dp`` without communication), at co-run speed, plus the
+    expected wait for the slowest rank (``validate.dp.straggler_ms``) from the co-run copies."""
+    import statistics
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainsim.run.ooo_dp import DpRunConfig, run_dp
+    from trainsim.transform.ooo import HostTerms, predict_dp
+    from trainsim.validate.dp import straggler_ms
+
+    cfg = DpRunConfig(mode="ooo", k=k, world_size=1, model=case.model, batch_size=case.batch_size, steps=steps,
+                      warmup=warmup, **_zoo_fields(case))  # fmt: skip
+    alone = run_dp(cfg, port=random.randint(20000, 60000))["ranks"][0]["step_ms"]
+    with ThreadPoolExecutor(2) as pool:
+        both = [f.result()["ranks"][0]["step_ms"] for f in [pool.submit(run_dp, cfg, port=random.randint(20000, 60000))
+                                                             for _ in range(2)]]  # fmt: skip
+    alone_ms = statistics.median(alone)
+    corun_ms = statistics.median(both[0] + both[1])
+    factor = max(1.0, corun_ms / alone_ms)
+    model_ms = predict_dp(prof, case.batch_size, k, lambda size: 0.0)
+    extra_ms = max(0.0, alone_ms - model_ms) * factor + straggler_ms(both)
+    return HostTerms(factor=factor, extra_us=1e3 * extra_ms)
+
+
 def run_ooo_validation(
     cases: tuple[OooCase, ...] | list[OooCase],
     *,
@@ -133,16 +160,21 @@ def run_ooo_validation(
             cal = calibrate(
                 world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=sizes, reps=5, net=net
             )
-            if case.k is None:
-                k, _ = search_k(prof, case.batch_size, cal.predict_us, cal.cpu_us, cal.slowdown)
+            log("timing the runtime in one-rank groups (alone, then two at once)")
+            terms = {0: host_terms(case, prof, 0, steps, warmup)}
+            if case.k is None:  # the search uses k = 0's host terms for every k
+                k, _ = search_k(prof, case.batch_size, cal.predict_us, cal.cpu_us, cal.slowdown, host=terms[0])
             else:
                 k = case.k
+            if k not in terms:
+                terms[k] = host_terms(case, prof, k, steps, warmup)
             base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup)
             measured: dict[str, float] = {}
             for label, kk in (("ddp-order", 0), ("reverse-first-k", k)):
                 pred = predict_dp(
-                    prof, case.batch_size, kk, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown
-                )
+                    prof, case.batch_size, kk, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
+                    host=terms[kk],
+                )  # fmt: skip
                 log(f"running {case.model} k={kk} ({label}), predicted {pred:.1f} ms")
                 res = run_dp(
                     DpRunConfig(mode="ooo", k=kk, **_zoo_fields(case), **base),  # type: ignore[arg-type]
@@ -165,6 +197,8 @@ def run_ooo_validation(
                         pred,
                         res["step_ms"],
                         {
+                            "host_factor": round(terms[kk].factor, 3),
+                            "host_extra_ms": round(terms[kk].extra_us / 1e3, 3),
                             "measured_min_ms": round(res["step_min_ms"], 3),
                             "calibrated_a_us": round(cal.a_us, 1),
                             "calibrated_b_us_per_byte": cal.b_us_per_byte,
