@@ -29,7 +29,6 @@ Without the rights to make namespaces it says so once and runs on unshaped loopb
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import statistics
 import tempfile
@@ -186,21 +185,11 @@ def _plain_step_ms(model: str, steps: int) -> float:
     import torch
 
     from trainsim.capture.profile import load_model
+    from trainsim.validate.dp_worker import loop_ms
 
     torch.set_num_threads(1)
     net, batch = load_model(model, 32, 0)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    starts = []
-    for step in range(2 + steps + 1):
-        starts.append(time.perf_counter())
-        x, y = batch(step)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        loss.detach().item()
-    return float(statistics.median((b - a) * 1e3 for a, b in itertools.pairwise(starts[2:])))
+    return float(statistics.median(loop_ms(net, batch, torch.nn.CrossEntropyLoss(), 0.01, 2, steps)))
 
 
 def _corun_steps(model: str, world: int, steps: int) -> list[list[float]]:

@@ -200,7 +200,7 @@ class P3Runtime:
                 ev.set()
 
 
-def _loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
+def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
     """Step times (ms) of the plain training loop on ``net`` (a module, or DDP around one)."""
     import torch
 
@@ -246,7 +246,7 @@ def runtime_overhead(
     p3: list[float] = []
     plain: list[float] = []
     for _ in range(2):
-        plain += _loop_ms(model, batch, loss_fn, lr, warmup, steps)
+        plain += loop_ms(model, batch, loss_fn, lr, warmup, steps)
         rt = P3Runtime(model, lr, slice_bytes)
         starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, 0, False)
         rt.finish()
@@ -265,7 +265,7 @@ def alternating_ms(nets: dict[str, Any], batch: Any, loss_fn: Any, lr: float, wa
     times: dict[str, list[float]] = {k: [] for k in nets}
     for _ in range(2):
         for key, net in nets.items():
-            times[key] += _loop_ms(net, batch, loss_fn, lr, warmup, steps)
+            times[key] += loop_ms(net, batch, loss_fn, lr, warmup, steps)
     return {k: float(statistics.median(v)) for k, v in times.items()}
 
 
@@ -297,7 +297,7 @@ def main(cfg: dict[str, Any]) -> None:
     mode = cfg.get("mode", "ddp")
     warmup, steps = int(cfg.get("warmup", 3)), int(cfg.get("steps", 6))
     if mode == "plain":  # no communication: the single-process loop, to time co-running copies of it
-        print(json.dumps({"step_ms": _loop_ms(model, batch, loss_fn, lr, warmup, steps)}), flush=True)
+        print(json.dumps({"step_ms": loop_ms(model, batch, loss_fn, lr, warmup, steps)}), flush=True)
         return
     dist.init_process_group("gloo")
     if mode == "overhead":  # one process: DDP's own host cost per step (see ``ddp_overhead``)
