@@ -168,12 +168,12 @@ class _Profiled:
         e.g. just before a run): the host's speed drifts by tens of percent over minutes when other
         jobs share it, and a prediction should use the speed the run will see, like it uses the
         link's calibration."""
-        corun_ms = float(statistics.median(statistics.median(r) for r in per_rank))
         from dataclasses import replace
 
         from trainsim.graph.ir import TaskKind
         from trainsim.transform.primitives import scale
 
+        corun_ms = _median_step_ms(per_rank)
         if not corun_ms > 0 or not self.plain_ms > 0:
             return self
         g = scale(self.graph_alone, self.graph_alone.kind == TaskKind.CPU, corun_ms / self.plain_ms)
@@ -199,6 +199,11 @@ def _corun_steps(model: str, world: int, steps: int) -> list[list[float]]:
     cfg = json.dumps({"model": model, "mode": "plain", "steps": steps, "warmup": 2})
     outs = launch(world, ["-m", "trainsim.validate.dp_worker", cfg], net=None, timeout_s=300)
     return [[float(x) for x in json.loads(o.strip().splitlines()[-1])["step_ms"]] for o in outs]
+
+
+def _median_step_ms(per_rank: list[list[float]]) -> float:
+    """The typical step of a co-run: the median over ranks of each rank's median step."""
+    return float(statistics.median(statistics.median(r) for r in per_rank))
 
 
 def straggler_ms(per_rank: list[list[float]], draws: int = 4000, seed: int = 0) -> float:
@@ -251,7 +256,7 @@ def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool 
     traced_ms = float(np.median(g.steps.measured_us)) / 1e3 if g.steps.ids.size else 0.0
     plain_ms = _plain_step_ms(model, steps)
     samples = _corun_steps(model, world, steps) if corun else []
-    corun_ms = float(statistics.median(statistics.median(r) for r in samples)) if samples else plain_ms
+    corun_ms = _median_step_ms(samples) if samples else plain_ms
     alone = g
     if traced_ms > 0:
         alone = scale(g, g.kind == TaskKind.CPU, min(1.0, plain_ms / traced_ms))
