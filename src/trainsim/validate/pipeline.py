@@ -8,8 +8,7 @@
    (``pipeline_action_overhead_us``: torch's runtime on one stage vs the per-layer calls, paired);
 2. **plan** the stage split from that profile (``trainsim.transform.pipeline.plan_split``);
 3. **emulate the network** (2 shaped namespaces) and **calibrate** gloo on it; a point-to-point
-   transfer of S bytes is taken as half the fixed cost of a 2-rank all-reduce plus its per-byte cost
-   (both move S bytes per rank; the all-reduce in two steps);
+   transfer of S bytes costs the fitted line of measured one-way sends (``Calibration.p2p_line``);
 4. **probe** the runtime's own cost per send or receive: the schedule with the most of them, run and
    predicted on the zoo's hollow transformer (same activations, almost no compute); the difference per
    SEND/RECV action is added to every transfer's host CPU (``_probe_p2p_overhead_us``; ``--no-probe``);
@@ -132,13 +131,13 @@ def run_pipeline_validation(
         out_bytes = sorted({int(r["out_bytes"]) for b in micro for r in prof.table(b)} | {1024, 256 << 10, 1 << 20})
         log(f"calibrating gloo on {link_label(case.rate_mbit, case.delay_ms)}")
         cal = calibrate(
-            world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=out_bytes, reps=5, net=net
+            world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=out_bytes, reps=5, net=net,
+            p2p_sizes=out_bytes,
         )
-        # p2p of S bytes ~ one step of the 2-rank ring: a/2 fixed, b per byte (see module docstring)
+        # a transfer of S bytes: the measured one-way point-to-point line (see module docstring)
         c0, c1 = cal.cpu_line(p2p=True)
-        link = Link(
-            bw_gbps=8 / (cal.b_us_per_byte * 1e3), latency_us=cal.a_us / 2, cpu_us=c0, cpu_us_per_byte=c1
-        )
+        latency_us, us_per_byte = cal.p2p_line()
+        link = Link(bw_gbps=8 / (us_per_byte * 1e3), latency_us=latency_us, cpu_us=c0, cpu_us_per_byte=c1)
         log(f"host CPU per send or receive: {c0:.0f} us + {c1 * 1e3:.3f} us/KB")
         if probe and case.model == "transformer":
             extra_us = _probe_p2p_overhead_us(case, prof, link, cal.slowdown, steps, warmup, popen, master, log)
