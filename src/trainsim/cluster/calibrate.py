@@ -312,18 +312,15 @@ def _cpu_pass(x: Any, n: int) -> list[float]:
     n = int(flag.item())
     if n < 2:
         return []
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     w0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         dist.all_reduce(x)
     w1, c1 = time.perf_counter(), time.process_time()
-    peer = (rank + 1) % world if rank % 2 == 0 else rank - 1
     if world % 2 == 0:  # pairs (0,1), (2,3) ...: each rank sends n and receives n messages
         y = torch.empty_like(x)
-        for _ in range(n):  # as torch's pipeline runtime posts them: batched isend + irecv
-            ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+        for _ in range(n):
+            _p2p_ops(x, y, exchange=True)
     c2 = time.process_time()
     stop = threading.Event()
 

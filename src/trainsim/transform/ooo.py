@@ -176,7 +176,7 @@ def dp_graph(
         return g
     from trainsim.transform.primitives import scale
 
-    extra = np.array([g.task_name(t) == HOST_OVERHEAD for t in range(g.n_tasks)], bool)
+    extra = g.name == g.symbols.index(HOST_OVERHEAD) if HOST_OVERHEAD in g.symbols else np.zeros(g.n_tasks, bool)
     return scale(g, (g.kind == TaskKind.CPU) & ~extra, host.factor)
 
 

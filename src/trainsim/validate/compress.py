@@ -207,7 +207,8 @@ def run_harness(
                     f"on {_link(rate, delay)}")  # fmt: skip
                 cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net,
                                 allgather_sizes=ag_sizes, p2p_sizes=[4096, 256 << 10, 1 << 20])  # fmt: skip
-                log(f"  point-to-point: {cal.p2p_line()[0]:.0f} us + {cal.p2p_line()[1] * 1e3:.2f} us/KB, "
+                p2p_us, p2p_us_per_byte = cal.p2p_line()
+                log(f"  point-to-point: {p2p_us:.0f} us + {p2p_us_per_byte * 1e3:.2f} us/KB, "
                     f"both ways at once x{cal.duplex_factor():.2f}")  # fmt: skip
                 for c in group:
                     prof = profiled[c.model].at_host_speed(_corun_steps(c.model, 2, max(10, steps)))
@@ -228,12 +229,13 @@ def run_harness(
                         ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan)
                         hook_ms = _hook_overhead_ms(wcfg, ccfg, cost, cal.link, prof.params, shapes[c.model])
                         log(f"  the hook's own work beyond its codec: {hook_ms:.2f} ms/step (one process)")
-                        ccfg = dataclasses.replace(ccfg, host_overhead_us=1e3 * (
-                            (prof.ddp_overhead_ms + hook_ms) * prof.host_factor + prof.straggler_ms))  # fmt: skip
+                        ccfg = dataclasses.replace(
+                            ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms)
+                        )
                         g2 = compression(
                             prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
                             allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
-                            p2p=cal.p2p_line(), duplex=cal.duplex_factor(),
+                            p2p=(p2p_us, p2p_us_per_byte), duplex=cal.duplex_factor(),
                         )
                         res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
                         pred = dp_step_ms(res2.step_ms, "ddp")

@@ -163,6 +163,12 @@ class _Profiled:
         """How much slower the CPU runs with every rank's process on the host (co-run / plain)."""
         return self.corun_ms / self.plain_ms if self.plain_ms > 0 and self.corun_ms > 0 else 1.0
 
+    def host_overhead_us(self, runtime_ms: float, *, alone: bool = False) -> float:
+        """Per-step host work to add to the prediction: a runtime's own work ``runtime_ms`` (measured
+        alone) at the co-run speed, plus the wait for the slowest rank; ``alone``: the work as measured,
+        no wait."""
+        return 1e3 * runtime_ms if alone else 1e3 * (runtime_ms * self.host_factor + self.straggler_ms)
+
     def at_host_speed(self, per_rank: list[list[float]]) -> _Profiled:
         """The same profile with the co-run loop measured again (``per_rank``: each copy's step times,
         e.g. just before a run): the host's speed drifts by tens of percent over minutes when other
@@ -294,10 +300,9 @@ def predict_ms(
     from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms
 
     m = mode or cfg.mode
-    host = 1.0 if alone else prof.host_factor
+    runtime_ms = prof.p3_overhead_ms if m == "p3" else prof.ddp_overhead_ms
     dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes,
-                   host_overhead_us=1e3 * host * (prof.p3_overhead_ms if m == "p3" else prof.ddp_overhead_ms)
-                   + (0.0 if alone else 1e3 * prof.straggler_ms))  # fmt: skip
+                   host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone))  # fmt: skip
     # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
     # where such a round trip is cheap (P3Runtime, agree_max_us), else piggybacks the counters
     tiny = comm_us(4 * cfg.world)
