@@ -25,11 +25,14 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from trainsim.errors import UserError
+
+if TYPE_CHECKING:
+    from trainsim.transform.ooo import HostTerms
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,7 +109,7 @@ def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]
     }
 
 
-def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> Any:
+def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> HostTerms:
     """``HostTerms`` of reverse-first-``k`` on this host, from the real runtime in one-rank groups (no
     communication): run alone, then two copies at once (as the 2 ranks share this host). The factor is
     co-run / alone; ``extra_us`` is what the runtime alone spends beyond the per-layer profile's
