@@ -98,3 +98,28 @@ def test_busy_compute_slows_the_transfer_it_overlaps() -> None:
     assert res.start_us[opt] == pytest.approx(350.0)
     with pytest.raises(ValueError, match="comm_slowdown"):
         simulate_with_host_cpu(g, np.zeros(g.n_tasks), comm_slowdown=np.ones(2))
+
+
+def test_ranks_computing_at_once_slow_each_other_by_the_corun_factor() -> None:
+    # rank 0 computes [0, 100) then [100, 200); rank 1 computes one 100 us task from 0 beside the first
+    b = GraphBuilder("t")
+    r0, r1 = b.resource("rank0:cpu", ResourceKind.CPU_THREAD), b.resource("rank1:cpu", ResourceKind.CPU_THREAD)
+    a = b.task("a", TaskKind.CPU, r0, 100.0)
+    b.task("a2", TaskKind.CPU, r0, 100.0, deps=[a])
+    b.task("c", TaskKind.CPU, r1, 100.0)
+    g = b.build()
+    assert simulate_with_host_cpu(g, np.zeros(g.n_tasks)).end_us.max() == 200.0  # factor 1: plain replay
+    res = simulate_with_host_cpu(g, np.zeros(g.n_tasks), corun_factor=1.5, rounds=30)
+    # a and c overlap fully: x = 100 + x (1 - 1/1.5) -> 150; a2 overlaps nothing that computes after 150
+    assert res.end_us[0] == pytest.approx(150.0, rel=1e-3) and res.end_us[2] == pytest.approx(150.0, rel=1e-3)
+    assert res.end_us[1] - res.start_us[1] == pytest.approx(100.0, rel=1e-3)
+
+
+def test_corun_extra_is_zero_on_one_thread_or_without_a_factor() -> None:
+    from trainsim.simulate.contention import corun_extra_us
+
+    start, end, res = np.array([0.0, 50.0]), np.array([100.0, 150.0]), np.array([0, 0])
+    assert not corun_extra_us(start, end, res, np.array([0, 1]), 2.0).any()  # one rank never slows itself
+    assert not corun_extra_us(start, end, np.array([0, 1]), np.array([0, 1]), 1.0).any()
+    # on two threads, 50 us of overlap each at factor 2: 25 us more each
+    assert corun_extra_us(start, end, np.array([0, 1]), np.array([0, 1]), 2.0) == pytest.approx([25.0, 25.0])

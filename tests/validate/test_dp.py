@@ -99,3 +99,28 @@ def test_straggler_wait_by_hand() -> None:
     assert straggler_ms([[10.0, 20.0]]) == 0.0  # one rank waits for nobody
     # two ranks, each step 10 or 20 ms with equal odds: E[max] = 17.5, median 15
     assert straggler_ms([[10.0, 20.0], [10.0, 20.0]], draws=20000) == pytest.approx(2.5, abs=0.15)
+
+
+@pytest.mark.multiproc
+def test_agreement_round_probe_two_processes() -> None:
+    """The P3 runtime's agreement round, timed while both ranks train: one mean over the steady rounds."""
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": "cnn", "mode": "agree_probe", "rounds": 20, "slice_bytes": 4096})
+    data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+    assert len(data["rounds_us"]) == 16  # the first fifth is the ranks' start-up
+    assert data["round_us"] == pytest.approx(sum(data["rounds_us"]) / 16)
+    assert all(t > 0 for t in data["rounds_us"]) and data["train_steps"] >= 1
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("rounds", [True, False])
+def test_p3_runtime_told_its_mode_keeps_ranks_in_sync(rounds: bool) -> None:
+    """The harness tells the runtime whether to agree by rounds or piggyback; either keeps the weights equal."""
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": "cnn", "mode": "p3", "steps": 3, "warmup": 1, "slice_bytes": 65536,
+                      "agree_rounds": rounds})  # fmt: skip
+    data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+    assert data["p3_agreement_rounds"] is rounds
+    assert data["params_in_sync"] and len(data["step_ms"]) == 3

@@ -22,6 +22,10 @@ Model, both ways:
   on every rank) while the compute threads are busy: one that needs ``b`` and overlaps ``B`` of
   computation lasts ``b + B (1 - 1/sigma_k)``.
 
+* *ranks slow each other's computation* (graphs of several ranks on one host): a compute task runs
+  ``f`` times slower while another rank's CPU thread computes, ``f`` being the measured co-run factor
+  (copies of the training loop at once / alone): ``corun_extra_us``.
+
 Stretching moves the schedule, so the replay is repeated with the new durations, each time from the
 original ones plus what the previous schedule implies (a fixed-point iteration, ``rounds`` times).
 """
@@ -112,15 +116,41 @@ def simulate_contended(
     return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma)
 
 
+def corun_extra_us(start: F64, end: F64, resource: np.ndarray, victims: np.ndarray, factor: float) -> F64:
+    """Per task: the time that running beside other ranks' computation adds to the ``victims``.
+
+    Ranks that share a host slow each other's computation (shared caches, memory bandwidth, SMT
+    siblings): measured as ``factor`` = step time of copies running at once / alone. A task that needs
+    ``b`` progresses at ``1 / factor`` of its speed while a victim on another CPU thread runs, so over
+    an overlap ``O`` of its span with that work it lasts ``b + O (1 - 1 / factor)``; ``O`` comes from the
+    spans given (the caller iterates, as the other replays here do)."""
+    out = np.zeros(start.shape[0])
+    if factor <= 1.0 or not victims.size:
+        return out
+    for r in np.unique(resource[victims]):
+        mine = victims[resource[victims] == r]
+        others = victims[resource[victims] != r]
+        out += overlap_us(start, end, others, np.ones(others.size), mine, cap=1.0)
+    return out * (1.0 - 1.0 / factor)
+
+
 def simulate_with_host_cpu(
-    g: TaskGraph, comm_cpu_us: F64, *, comm_slowdown: F64 | None = None, rounds: int = 3, busy_share: float = 1.0
+    g: TaskGraph,
+    comm_cpu_us: F64,
+    *,
+    comm_slowdown: F64 | None = None,
+    rounds: int = 3,
+    busy_share: float = 1.0,
+    corun_factor: float = 1.0,
 ) -> SimResult:
     """Replay ``g`` with communication tasks taking ``comm_cpu_us`` (per task; 0 for the rest) of host
     CPU from the compute threads they overlap, and running ``comm_slowdown`` times slower (per task,
     >= 1) while those threads compute (see the module docstring). ``busy_share``: how much one busy
     compute thread counts towards "the ranks compute" (capped at 1 in all): 1 for a graph of one rank
     (the others do the same), ``1 / ranks`` for a graph of every rank, where the slowdown measured with
-    every rank computing applies in full only while all of them do."""
+    every rank computing applies in full only while all of them do. ``corun_factor``: for a graph of
+    several ranks on one host, how much slower computation runs while another rank's computes
+    (``corun_extra_us``)."""
     cpu = np.asarray(comm_cpu_us, dtype=np.float64)
     if cpu.shape != (g.n_tasks,):
         raise ValueError(f"comm_cpu_us has shape {cpu.shape}, expected ({g.n_tasks},)")
@@ -129,7 +159,7 @@ def simulate_with_host_cpu(
         raise ValueError(f"comm_slowdown has shape {sigma.shape}, expected ({g.n_tasks},)")
     res = simulate(g)
     comm = np.flatnonzero(((cpu > 0) | (sigma > 1)) & (g.kind == TaskKind.COMM) & (g.dur_us > 0))
-    if not comm.size:
+    if not comm.size and corun_factor <= 1.0:
         return res
     on_cpu = np.array([r.kind == ResourceKind.CPU_THREAD for r in g.resources], bool)[g.resource]
     working = (g.kind == TaskKind.CPU) | (g.kind == TaskKind.RUNTIME)  # not SYNC: waiting needs no CPU
@@ -140,6 +170,7 @@ def simulate_with_host_cpu(
         d = ce - cs
         share = np.minimum(1.0, cpu[comm] / np.maximum(d, 1e-9))
         dur = stretched_us(res.start_us, base, cs, ce, share, victims)
+        dur += corun_extra_us(res.start_us, res.end_us, g.resource, victims, corun_factor)
         # during the B us of its span in which the compute threads are busy, a transfer progresses at
         # 1/sigma of its speed: it lasts base + B (1 - 1/sigma)
         busy = overlap_us(res.start_us, res.end_us, victims, np.full(victims.size, busy_share), comm)[comm]

@@ -428,11 +428,14 @@ def predict_pipeline(
     steps: int = 4,
     slowdown: Callable[[float], float] | None = None,
     busy_share: float | None = None,
+    corun_factor: float = 1.0,
 ) -> PipePrediction:
     """Predicted step time (ms) of ``spec`` from a single-process per-layer profile. ``slowdown``: how
     much slower a transfer of S bytes runs while the ranks compute (a calibration's ``slowdown``; CPU
     hosts), applied with ``trainsim.simulate.contention`` (``busy_share``: its argument of that name;
-    default ``1 / ranks``); the host CPU of sends and receives is in ``link``."""
+    default ``1 / ranks``); the host CPU of sends and receives is in ``link``. ``corun_factor``: ranks
+    that share one host compute this much slower while another rank computes (measured: copies of the
+    training loop at once / alone; 1 for ranks on separate hosts)."""
     from trainsim.simulate.contention import comm_slowdown_column, simulate_with_host_cpu
     from trainsim.simulate.engine import simulate
 
@@ -446,14 +449,17 @@ def predict_pipeline(
     sizes = list(split) if split else plan_split([r["fwd_us"] + r["bwd_us"] for r in rows], spec.n_stages)
     layers = check_split(sizes, n_layers, spec.n_stages)
     g = pipeline_graph(spec, stage_costs(prof, layers, micro, overhead_us), link, steps=steps)
-    if slowdown is None:
+    if corun_factor < 1.0:
+        raise UserError(f"corun_factor {corun_factor}; expected >= 1 (co-run / alone step time)")
+    if slowdown is None and corun_factor == 1.0:
         res = simulate(g)
     else:
         # the slowdown was measured with every rank computing: by default half of it while only one of
         # 2 does (``busy_share``, see ``simulate_with_host_cpu``)
         share = 1.0 / spec.n_ranks if busy_share is None else busy_share
+        sigma = None if slowdown is None else comm_slowdown_column(g, slowdown)
         res = simulate_with_host_cpu(
-            g, np.zeros(g.n_tasks), comm_slowdown=comm_slowdown_column(g, slowdown), busy_share=share
+            g, np.zeros(g.n_tasks), comm_slowdown=sigma, busy_share=share, corun_factor=corun_factor
         )
     ends = np.array([res.end_us[g.step == s].max() for s in range(steps)])
     step_ms = float((ends[-1] - ends[0]) / (steps - 1) / 1e3) if steps > 1 else float(ends[0] / 1e3)

@@ -280,6 +280,24 @@ P3_AGREE_MAX_US = 3000.0
 """the P3 runtime's threshold for agreement rounds (``dp_worker.P3Runtime``, ``agree_max_us``)"""
 
 
+def p3_uses_rounds(comm_us: Callable[[float], float], world: int) -> bool:
+    """Whether the P3 runtime agrees on each slice with a round (it does where a tiny all-reduce is
+    cheap, ``P3Runtime.agree_max_us``) rather than piggybacking the counters on the previous slice."""
+    return comm_us(4 * world) <= P3_AGREE_MAX_US
+
+
+def agree_round_us(model: str, world: int, net: Any, rounds: int = 300) -> float:
+    """Mean time of the P3 runtime's agreement round on ``net``'s link while ``world`` ranks train
+    ``model`` (``dp_worker.agree_probe``): the idle calibration of a tiny all-reduce misses what the
+    rounds pay on a host whose cores and GIL the training holds (on cnn at 100 Mbit/s ~3 ms against
+    ~1.5 ms idle)."""
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": model, "mode": "agree_probe", "rounds": rounds})
+    out = launch(world, ["-m", "trainsim.validate.dp_worker", cfg], net=net, timeout_s=300)
+    return float(json.loads(out[0].strip().splitlines()[-1])["round_us"])
+
+
 def predict_ms(
     prof: _Profiled,
     cfg: RunConfig,
@@ -289,12 +307,14 @@ def predict_ms(
     alone: bool = False,
     cpu_us: Callable[[float], float] | None = None,
     slowdown: Callable[[float], float] | None = None,
+    agree_us: float | None = None,
 ) -> float:
     """Predicted steady-state step time of ``cfg`` from the single-process profile (``mode`` overrides
     ``cfg.mode``, e.g. ``"bytescheduler"``, which has a model but no runtime here; ``alone``: without the
     co-run factor; ``cpu_us``: host CPU per all-reduce of S bytes, taken from overlapping compute;
     ``slowdown``: how much longer an all-reduce of S bytes takes while the ranks compute; both
-    ``trainsim.simulate.contention``)."""
+    ``trainsim.simulate.contention``; ``agree_us``: the P3 runtime's agreement round as measured while
+    training (``agree_round_us``), else the calibrated tiny all-reduce)."""
     from trainsim.simulate.contention import simulate_contended
     from trainsim.simulate.engine import simulate
     from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms
@@ -305,11 +325,12 @@ def predict_ms(
                    host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone))  # fmt: skip
     # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
     # where such a round trip is cheap (P3Runtime, agree_max_us), else piggybacks the counters
-    tiny = comm_us(4 * cfg.world)
-    agree_us = tiny if m == "p3" and tiny <= P3_AGREE_MAX_US else 0.0
+    round_us = 0.0
+    if m == "p3" and p3_uses_rounds(comm_us, cfg.world):
+        round_us = comm_us(4 * cfg.world) if agree_us is None or alone else agree_us
     g = data_parallel(
         prof.graph_alone if alone else prof.graph, prof.params, prof.layers, dpc,
-        comm_us=lambda b: comm_us(b) + agree_us,
+        comm_us=lambda b: comm_us(b) + round_us,
         broadcast_us=lambda b: comm_us(b) / 2,  # two ranks: one message instead of the ring's two steps
     )  # fmt: skip
     res = simulate(g) if cpu_us is None else simulate_contended(g, cpu_us, slowdown)
@@ -363,11 +384,17 @@ def run_harness(
                     prof = profiled[c.model, c.world]
                     if corun and recheck_host:
                         prof = prof.at_host_speed(_corun_steps(c.model, c.world, max(10, steps)))
-                    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown)
+                    agree = None
+                    if c.mode == "p3" and corun and p3_uses_rounds(cal.predict_us, c.world):
+                        log(f"timing the P3 runtime's agreement round while {c.model} trains")
+                        agree = agree_round_us(c.model, c.world, net)
+                    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown, agree_us=agree)
                     pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
                     log(f"running {c.label()} (predicted {pred:.1f} ms)")
                     wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup,
                             "slice_bytes": c.slice_bytes}  # fmt: skip
+                    if c.mode == "p3":  # the mode the prediction assumed (the runtime's own probe is as noisy)
+                        wcfg["agree_rounds"] = p3_uses_rounds(cal.predict_us, c.world)
                     out = launch(world, ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)], net=net,
                                  timeout_s=600, torchrun=torchrun)  # fmt: skip
                     data = json.loads(out[0].strip().splitlines()[-1])
@@ -380,6 +407,7 @@ def run_harness(
                         {"profiled": round(prof.traced_ms, 3), "plain": round(prof.plain_ms, 3),
                          "ddp_overhead": round(prof.ddp_overhead_ms, 3), "p3_overhead": round(prof.p3_overhead_ms, 3),
                          "straggler": round(prof.straggler_ms, 3),
+                         **({} if agree is None else {"p3_round": round(agree / 1e3, 3)}),
                          "corun": round(prof.corun_ms, 3), "corun_at_profile": round(profiled[c.model, c.world].corun_ms, 3)},
                         bool(data.get("params_in_sync", True)),
                         pred_alone,

@@ -52,7 +52,9 @@ class P3Runtime:
       45 ms behind a 33 ms slice of a deeper layer that the counters still said was the only one ready.
     """
 
-    def __init__(self, model: Any, lr: float, slice_bytes: int, agree_max_us: float = 3000.0) -> None:
+    def __init__(
+        self, model: Any, lr: float, slice_bytes: int, agree_max_us: float = 3000.0, agree_rounds: bool | None = None
+    ) -> None:
         import torch
         import torch.distributed as dist
 
@@ -70,7 +72,7 @@ class P3Runtime:
         self.left: dict[int, int] = {}  # layer -> slices not yet reduced
         self.ready = [threading.Event() for _ in self.layers]
         self.total_steps = 0
-        self.log: list[tuple[str, int, float, float]] | None = None  # ("slice"/"wait", layer, t0, t1)
+        self.log: list[tuple[str, int, float, float]] | None = None  # ("slice"/"wait"/"round"/"queued", layer, t0, t1)
         self.stop = False
         self.error: BaseException | None = None
         # --- per-step bookkeeping on the main thread
@@ -80,7 +82,9 @@ class P3Runtime:
             for p in m.parameters():
                 p.register_post_accumulate_grad_hook(lambda _p, li=li: self._grad_ready(li))
             m.register_forward_pre_hook(lambda _m, _a, li=li: self._before_forward(li))
-        self.agree_rounds = self._probe_round_trip_us() <= agree_max_us
+        # ``agree_rounds`` given: the caller decided (the validation harness, from its calibration, so that
+        # prediction and run agree on the mode); else from this probe (the same everywhere: rank 0's)
+        self.agree_rounds = self._probe_round_trip_us() <= agree_max_us if agree_rounds is None else agree_rounds
         self.thread = threading.Thread(target=self._comm_loop, daemon=True)
         self.thread.start()
 
@@ -97,6 +101,9 @@ class P3Runtime:
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         n = flat.numel()
         with self.cond:
+            if self.log is not None:
+                now = time.perf_counter()
+                self.log.append(("queued", li, now, now))
             self.flat[li] = flat
             starts = list(range(0, n, self.slice_elems))
             self.left[li] = len(starts)
@@ -167,7 +174,10 @@ class P3Runtime:
                 if self.agree_rounds:
                     counts = torch.zeros(w)
                     counts[self.rank] = float(progress)
+                    t_round = time.perf_counter()
                     dist.all_reduce(counts)
+                    if self.log is not None:
+                        self.log.append(("round", -1, t_round, time.perf_counter()))
                     agreed = int(counts.min().item())
                 with self.cond:
                     cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
@@ -259,6 +269,63 @@ def runtime_overhead(
     return {**out, "p3_ms": d, "p3_plain_ms": p, "p3_overhead_ms": max(0.0, d - p)}
 
 
+def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, slice_bytes: int) -> dict[str, Any]:
+    """Cost of the P3 runtime's agreement round while the ranks train: what one slice waits for.
+
+    A communication thread runs ``rounds`` agreement rounds (the tiny all-reduce of one counter per
+    rank that ``P3Runtime`` does before each slice), each followed by an all-reduce of ``slice_bytes``
+    as in the runtime, while the main thread runs the model's plain training loop (no gradient
+    exchange) until the thread is done. The rounds pay what an idle calibration misses: gloo's threads
+    and the communication thread wait for cores and for the GIL that the training loop holds. Returns
+    the rounds' times (µs, the slowest rank's for each) and their mean, ``round_us``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    times: list[float] = []
+    done = threading.Event()
+    error: list[BaseException] = []
+
+    def comm() -> None:
+        try:
+            counts = torch.zeros(world)
+            buf = torch.ones(max(1, slice_bytes // 4))
+            for i in range(rounds):
+                counts.zero_()
+                counts[rank] = float(i)
+                t0 = time.perf_counter()
+                dist.all_reduce(counts)
+                times.append((time.perf_counter() - t0) * 1e6)
+                dist.all_reduce(buf)
+        except BaseException as exc:  # surfaced on the main thread
+            error.append(exc)
+        finally:
+            done.set()
+
+    dist.barrier()
+    th = threading.Thread(target=comm, daemon=True)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    x, y = batch(rank)
+    loss_fn(model(x), y).backward()  # warm the loop up before the rounds start
+    th.start()
+    step = 0
+    while not done.is_set():
+        x, y = batch(step * 1000 + rank)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        step += 1
+    th.join()
+    if error:
+        raise RuntimeError(f"agreement probe failed on rank {rank}: {error[0]!r}")
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    # the first rounds overlap the ranks' different start-up; keep the steady part
+    steady = t.tolist()[max(1, rounds // 5):]
+    return {"round_us": statistics.fmean(steady), "rounds_us": steady, "train_steps": step}
+
+
 def alternating_ms(nets: dict[str, Any], batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, float]:
     """Median step time (ms) of the plain training loop on each of ``nets``, the loops run in turn
     twice (a, b, a, b) so that all of them see the same host load."""
@@ -305,6 +372,12 @@ def main(cfg: dict[str, Any]) -> None:
         print(json.dumps(runtime_overhead(model, batch, loss_fn, lr, warmup, steps, slice_bytes)), flush=True)
         dist.destroy_process_group()
         return
+    if mode == "agree_probe":  # the P3 runtime's agreement round while training (``agree_probe``)
+        out = agree_probe(model, batch, loss_fn, lr, int(cfg.get("rounds", 60)), int(cfg.get("slice_bytes", 1 << 16)))
+        if dist.get_rank() == 0:
+            print(json.dumps(out), flush=True)
+        dist.destroy_process_group()
+        return
     rank = dist.get_rank()
     starts: list[float] = []
     extra: dict[str, Any] = {}
@@ -327,7 +400,9 @@ def main(cfg: dict[str, Any]) -> None:
         # same initial weights on every rank (DDP broadcasts them; here rank 0's are broadcast once)
         for p in model.parameters():
             dist.broadcast(p.data, 0)
-        rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)), float(cfg.get("agree_max_us", 3000.0)))
+        rounds = cfg.get("agree_rounds")
+        rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)), float(cfg.get("agree_max_us", 3000.0)),
+                       None if rounds is None else bool(rounds))  # fmt: skip
         starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, rank, bool(cfg.get("trace")))
         rt.finish()
         extra["p3_agreement_rounds"] = rt.agree_rounds

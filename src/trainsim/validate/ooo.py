@@ -109,6 +109,20 @@ def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]
     }
 
 
+def corun_steps(cfg: Any, copies: int = 2) -> tuple[list[float], list[list[float]]]:
+    """Step times (ms) of the one-rank run ``cfg`` (a ``DpRunConfig`` with ``world_size=1``: no
+    communication) alone, then of ``copies`` of it at once, as ranks sharing this host run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainsim.run.ooo_dp import run_dp
+
+    alone = run_dp(cfg, port=random.randint(20000, 60000))["ranks"][0]["step_ms"]
+    with ThreadPoolExecutor(copies) as pool:
+        futures = [pool.submit(run_dp, cfg, port=random.randint(20000, 60000)) for _ in range(copies)]
+        both = [f.result()["ranks"][0]["step_ms"] for f in futures]
+    return alone, both
+
+
 def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> HostTerms:
     """``HostTerms`` of reverse-first-``k`` on this host, from the real runtime in one-rank groups (no
     communication): run alone, then two copies at once (as the 2 ranks share this host). The factor is
@@ -116,18 +130,14 @@ def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> Hos
     prediction of the same loop (``predict_dp`` without communication), at co-run speed, plus the
     expected wait for the slowest rank (``validate.dp.straggler_ms``) from the co-run copies."""
     import statistics
-    from concurrent.futures import ThreadPoolExecutor
 
-    from trainsim.run.ooo_dp import DpRunConfig, run_dp
+    from trainsim.run.ooo_dp import DpRunConfig
     from trainsim.transform.ooo import HostTerms, predict_dp
     from trainsim.validate.dp import straggler_ms
 
     cfg = DpRunConfig(mode="ooo", k=k, world_size=1, model=case.model, batch_size=case.batch_size, steps=steps,
                       warmup=warmup, **_zoo_fields(case))  # fmt: skip
-    alone = run_dp(cfg, port=random.randint(20000, 60000))["ranks"][0]["step_ms"]
-    with ThreadPoolExecutor(2) as pool:
-        both = [f.result()["ranks"][0]["step_ms"] for f in [pool.submit(run_dp, cfg, port=random.randint(20000, 60000))
-                                                             for _ in range(2)]]  # fmt: skip
+    alone, both = corun_steps(cfg)
     alone_ms = statistics.median(alone)
     corun_ms = statistics.median(both[0] + both[1])
     factor = max(1.0, corun_ms / alone_ms)

@@ -12,7 +12,9 @@
 4. **probe** the runtime's own cost per send or receive: the schedule with the most of them, run and
    predicted on the zoo's hollow transformer (same activations, almost no compute); the difference per
    SEND/RECV action is added to every transfer's host CPU (``_probe_p2p_overhead_us``; ``--no-probe``);
-5. **predict** each schedule by replaying the lowered action order of torch's own schedule object;
+5. **predict** each schedule by replaying the lowered action order of torch's own schedule object,
+   with the ranks' computation slowed while both compute by the co-run factor measured just before
+   (``corun_factor``: the per-layer loop alone vs two copies at once on this host);
 6. **measure** it with ``trainsim.run.pipeline`` (the same order, executed by torch's runtime);
 7. report errors, and whether the predicted ranking of schedules matches the measured one wherever
    the measured gap exceeds ``--rank-gap`` percent.
@@ -146,17 +148,24 @@ def run_pipeline_validation(
         else:
             probe_us = 0.0
         for m in case.microbatches:
+            factor = corun_factor(case, case.batch_size // m, steps=max(10, steps), warmup=warmup)
+            log(f"co-run factor at microbatch {case.batch_size // m}: {factor:.3f}")
             for name, spr in case.schedules:
                 spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
                 pred = predict_pipeline(
                     prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown,
+                    slowdown=cal.slowdown, corun_factor=factor,
                 )
                 sizes = tuple(len(s) for s in pred.split)
                 # the same with the busy-host slowdown counted in full while either rank computes
                 alt = predict_pipeline(
                     prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown, busy_share=1.0,
+                    slowdown=cal.slowdown, busy_share=1.0, corun_factor=factor,
+                ).step_ms  # fmt: skip
+                # and without the ranks slowing each other's computation (separate hosts)
+                apart = predict_pipeline(
+                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
+                    slowdown=cal.slowdown,
                 ).step_ms  # fmt: skip
                 label = f"{name}/{spr}"
                 log(f"running {label} M={m} split {sizes}, predicted {pred.step_ms:.1f} ms")
@@ -198,6 +207,8 @@ def run_pipeline_validation(
                         "measured_min_ms": round(res["step_min_ms"], 3),
                         "action_overhead_us": round(overhead[m], 1),
                         "predicted_busy_full_ms": round(alt, 3),
+                        "predicted_no_corun_ms": round(apart, 3),
+                        "corun_factor": round(factor, 4),
                     }
                 )
     return {
@@ -207,6 +218,22 @@ def run_pipeline_validation(
         "link": {"bw_gbps": link.bw_gbps, "latency_us": link.latency_us, "cpu_us": link.cpu_us,
                  "cpu_us_per_byte": link.cpu_us_per_byte, "runtime_p2p_us": probe_us},
     }  # fmt: skip
+
+
+def corun_factor(case: PipeCase, micro_bs: int, *, steps: int, warmup: int) -> float:
+    """How much slower the model computes when both ranks compute at once on this host: the per-layer
+    training loop at the microbatch size in one process alone, then two copies at once (no
+    communication; ``validate.ooo.corun_steps``), ratio of the median steps (>= 1)."""
+    import statistics
+
+    from trainsim.run.ooo_dp import DpRunConfig
+    from trainsim.validate.ooo import corun_steps
+
+    zoo = {"zoo_blocks": case.blocks} if case.model in ("transformer", "mlp") else {}
+    cfg = DpRunConfig(mode="ooo", k=0, world_size=1, model=case.model, batch_size=micro_bs, steps=steps,
+                      warmup=warmup, **zoo)  # type: ignore[arg-type]  # fmt: skip
+    alone, both = corun_steps(cfg)
+    return max(1.0, statistics.median(both[0] + both[1]) / statistics.median(alone))
 
 
 def comm_actions(spec: Any) -> int:
