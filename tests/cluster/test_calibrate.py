@@ -103,6 +103,8 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ag.allgather_us(4096) > 0
     assert ag.p2p_sizes_bytes == [1024, 8192] and len(ag.p2p_oneway_us) == len(ag.p2p_exchange_us) == 2
     assert all(t > 0 for t in ag.p2p_oneway_us + ag.p2p_exchange_us) and ag.duplex_factor() == 1.0
+    # the parameter-server primitives at the same sizes
+    assert len(ag.gather_us) == len(ag.broadcast_us) == 2 and all(t > 0 for t in ag.gather_us + ag.broadcast_us)
 
 
 def test_p2p_line_and_duplex_factor() -> None:
@@ -119,6 +121,13 @@ def test_p2p_line_and_duplex_factor() -> None:
     assert back.duplex_factor() == pytest.approx(1.6)
     none = Calibration(**base)  # type: ignore[arg-type]
     assert none.duplex_factor() == 1.0
+    # gather / broadcast lines: fitted where measured, else the point-to-point line
+    assert cal.ps_lines() == (pytest.approx((150.0, 0.008)), pytest.approx((150.0, 0.008)))
+    ps = Calibration(**base, p2p_sizes_bytes=[4096, 1 << 20], p2p_oneway_us=[160.0, 8500.0],  # type: ignore[arg-type]
+                     p2p_exchange_us=[300.0, 15000.0], gather_us=[200.0 + 0.01 * s for s in (4096, 1 << 20)],
+                     broadcast_us=[180.0 + 0.009 * s for s in (4096, 1 << 20)])  # fmt: skip
+    assert ps.ps_lines() == (pytest.approx((200.0, 0.01)), pytest.approx((180.0, 0.009)))
+    assert Calibration.from_json(ps.to_json()).ps_lines() == ps.ps_lines()
     assert none.p2p_line() == pytest.approx((link.latency_us, 1.0 / link.bytes_per_us))
     with pytest.raises(UserError, match="p2p_sizes"):
         calibrate(p2p_sizes=[1024])

@@ -147,6 +147,10 @@ def test_ps_partitions_pay_the_duplex_factor() -> None:
     assert two == pytest.approx(2 * (half * 0.01 * 1.7 + 2 * 100.0))
     _, full_duplex = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.0)
     assert full_duplex < two < one
+    # measured gather and broadcast lines replace the point-to-point line in their phases
+    lines = ((200.0, 0.012), (150.0, 0.011))
+    _, meas = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7, ps_lines=lines)
+    assert meas == pytest.approx(half * 0.012 * 1.7 + 2 * 200.0 + half * 0.011 * 1.7 + 2 * 150.0)
 
 
 def test_codec_time_per_step_by_hand() -> None:

@@ -199,13 +199,15 @@ def compression(
     allgather_time: Callable[[float], float] | None = None,
     p2p: tuple[float, float] | None = None,
     duplex: float = 1.0,
+    ps_lines: tuple[tuple[float, float], tuple[float, float]] | None = None,
 ) -> TaskGraph:
     """``g`` as one rank of a ``cfg.world``-rank DDP job whose buckets go through the compression hook.
 
     Collective times come from the ring model of ``link`` unless measured ones are given:
     ``allreduce_time(bytes)`` and ``allgather_time(bytes per rank)`` (e.g. a ``Calibration``'s
     ``predict_us`` and ``allgather_us``). The PS and ring schemes take ``p2p`` and ``duplex`` (see
-    ``casync_parts``; e.g. ``cal.p2p_line()`` and ``cal.duplex_factor()``)."""
+    ``casync_parts``; e.g. ``cal.p2p_line()`` and ``cal.duplex_factor()``), PS also ``ps_lines``
+    (``cal.ps_lines()``)."""
     if not params:
         raise UserError(
             f"{g.source}: the trace records no parameters; a compression what-if needs their sizes"
@@ -253,7 +255,8 @@ def compression(
             if not comp_items:
                 continue
             if cfg.scheme != "allgather":  # PS / ring: synchronous inside the hook
-                pieces = [casync_parts(q.numel, k, p, cost, link, cfg.scheme, p2p=p2p, duplex=duplex)
+                pieces = [casync_parts(q.numel, k, p, cost, link, cfg.scheme, p2p=p2p, duplex=duplex,
+                                       ps_lines=ps_lines)
                           for q, k in comp_items]  # fmt: skip
                 comp_us, xfer_us = sum(c for c, _ in pieces), sum(x for _, x in pieces)
                 # the codec work on the main thread, the transfers on the network (after the bucket's
@@ -380,6 +383,7 @@ def casync_parts(
     *,
     p2p: tuple[float, float] | None = None,
     duplex: float = 1.0,
+    ps_lines: tuple[tuple[float, float], tuple[float, float]] | None = None,
 ) -> tuple[float, float]:
     """``(compute_us, transfer_us)`` of ``trainsim.run.casync`` PS or ring on one gradient, as that
     code runs it, on the busiest rank.
@@ -394,6 +398,8 @@ def casync_parts(
     Transfers cost ``latency + bytes * per_byte`` (``p2p``: a measured point-to-point line, else the
     link's), times ``duplex`` (``Calibration.duplex_factor``) while the rank sends and receives at once:
     in a PS phase with K >= 2 partitions each rank owns some and sends the others', and every ring hop.
+    ``ps_lines``: the measured lines of the PS scheme's own primitives, gather and broadcast
+    (``Calibration.ps_lines``), used for its two phases instead of ``p2p``.
     """
     k = max(1, min(parts, numel))
     n = world
@@ -406,9 +412,10 @@ def casync_parts(
         # each partition it does not own (gather); the broadcast is the same the other way
         inbound, outbound = owned * (n - 1) * wire, (k - owned) * wire
         both = duplex if inbound > 0 and outbound > 0 else 1.0
-        phase = max(inbound, outbound) * per_byte * both + k * latency
+        lines = ps_lines or ((latency, per_byte), (latency, per_byte))
+        phases = sum(max(inbound, outbound) * b * both + k * a for a, b in lines)  # gather, then broadcast
         compute = k * cost.enc_us(int(part)) + owned * (n * cost.dec_us(int(part)) + cost.enc_us(int(part)))
-        return compute + k * cost.dec_us(int(part)), 2 * phase
+        return compute + k * cost.dec_us(int(part)), phases
     if scheme == "ring":
         chunk = max(1, -(-numel // (k * n)))
         wire = cost.wire_bytes(chunk)

@@ -186,12 +186,6 @@ def run_harness(
             net_model, _ = build(model)
             shapes[model] = {n: tuple(p.shape) for n, p in net_model.named_parameters()}
             names[model] = [(n, p.numel()) for n, p in net_model.named_parameters()]
-        costs: dict[str, Any] = {}
-        for c in configs:
-            key = json.dumps([c.algorithm, c.options], sort_keys=True)
-            if c.algorithm != "none" and key not in costs:
-                log(f"calibrating {c.algorithm} encode/decode (2 processes at once, one thread each)")
-                costs[key] = CodecCost.calibrate(c.algorithm, concurrent=2, **c.options)  # as the 2 ranks run
         results: list[RunResult] = []
         by_link: dict[tuple[float | None, float], list[RunConfig]] = {}
         for c in configs:
@@ -200,6 +194,14 @@ def run_harness(
             max_msg = max(max(profiled[c.model].bucket_bytes) for c in group)
             sizes = sorted({*default_sizes(max_msg), max_msg})  # as validate dp: up to the largest bucket
             net_cm = Netns(2, rate_mbit=rate, delay_ms=delay) if reason is None else None
+            # each algorithm's encode/decode, timed again for every link: like the co-run step time, the
+            # shared host's speed drifts over the minutes a sweep takes
+            costs: dict[str, Any] = {}
+            for c in group:
+                key = json.dumps([c.algorithm, c.options], sort_keys=True)
+                if c.algorithm != "none" and key not in costs:
+                    log(f"calibrating {c.algorithm} encode/decode (2 processes at once, one thread each)")
+                    costs[key] = CodecCost.calibrate(c.algorithm, concurrent=2, **c.options)  # as the 2 ranks run
             with net_cm if net_cm is not None else contextlib.nullcontext() as net:
                 # compressed buckets travel by all-gather: time it too, up to ~1/8 of the largest bucket
                 ag_sizes = default_sizes(max(4096, max_msg // 8))
@@ -235,7 +237,7 @@ def run_harness(
                         g2 = compression(
                             prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
                             allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
-                            p2p=(p2p_us, p2p_us_per_byte), duplex=cal.duplex_factor(),
+                            p2p=(p2p_us, p2p_us_per_byte), duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
                         )
                         res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
                         pred = dp_step_ms(res2.step_ms, "ddp")
