@@ -54,6 +54,7 @@ RUNS: list[tuple[str, str | None, dict[str, Any], float]] = [
     ("qsgd 8-bit + EF", "qsgd", {"error_feedback": True}, 0.1),
     ("topk 1% (EF)", "topk", {"ratio": 0.01}, 0.1),
     ("randomk 1% (EF)", "randomk", {"ratio": 0.01}, 0.1),
+    ("randomk 10% (EF)", "randomk", {"ratio": 0.1}, 0.1),
     ("dgc 0.1% (momentum corr. 0.9)", "dgc", {}, 0.1),
     ("dgc 1% (momentum corr. 0.9)", "dgc", {"ratio": 0.01}, 0.1),
     ("graddrop 0.1% (EF)", "graddrop", {}, 0.1),

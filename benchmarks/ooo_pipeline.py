@@ -1,6 +1,6 @@
 """Every pipeline schedule on 2 processes, 4/8/16 microbatches: predicted vs measured, and the ranking.
 
-    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts, ~5 min
+    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts, 16 steps each, ~4 min
     python benchmarks/ooo_pipeline.py --quick   # 3 schedules at M=4, ~1 min
 
 Runs ``trainsim.validate.pipeline.run_pipeline_validation`` (transformer with 6 blocks, batch 32,
@@ -25,7 +25,7 @@ from ooo_common import DOC, stamp, write_section
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16)
     args = ap.parse_args()
     from trainsim.validate.pipeline import FULL, QUICK, run_pipeline_validation
 
@@ -43,8 +43,9 @@ def main() -> int:
         "",
         head,
         "| schedule / stages per rank | M | split (layers per stage) | predicted ms | measured ms (median) | error "
-        "| measured min ms | runtime overhead us/action | predicted, slowdown in full ms | error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| measured min ms | runtime overhead us/action | co-run factor | predicted without co-run ms | "
+        "predicted, slowdown in full ms | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     alt_err = []
     for r in out["runs"]:
@@ -54,7 +55,8 @@ def main() -> int:
         lines.append(
             f"| {c['label']} | {c['microbatches']} | {','.join(map(str, c['split']))} | "
             f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | "
-            f"{r['measured_min_ms']:.1f} | {r['action_overhead_us']:.0f} | {alt:.1f} | {alt_err[-1]:+.1f}% |"
+            f"{r['measured_min_ms']:.1f} | {r['action_overhead_us']:.0f} | {r.get('corun_factor', 1.0):.3f} | "
+            f"{r.get('predicted_no_corun_ms', float('nan')):.1f} | {alt:.1f} | {alt_err[-1]:+.1f}% |"
         )
     rk = out["ranking"]
     lines += [

@@ -50,3 +50,6 @@ def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["validate", "pipeline", "--quick", "--json", "--schedule", "1F1B", "--steps", "2"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["runs"]) == 1 and out["runs"][0]["measured_ms"] > 0
+    run = out["runs"][0]
+    # the prediction used the co-run factor measured just before; without it, it is never slower
+    assert run["corun_factor"] >= 1.0 and run["predicted_no_corun_ms"] <= run["predicted_ms"] * 1.01

@@ -375,14 +375,17 @@ def _timed(op: Callable[[], Any], n: int) -> list[float]:
 
 def _measure(op: Callable[[], Any], reps: int, budget_s: float) -> list[float]:
     """Times (µs) of ``op`` after a warm-up: ``reps`` runs, then more up to ``budget_s`` of them (at
-    most ``MAX_REPS``); rank 0 decides how many, and the slowest rank's time counts for each."""
+    most ``MAX_REPS``, from the slowest rank's mean), and the slowest rank's time counts for each."""
     import torch
     import torch.distributed as dist
 
     op()  # warm-up: connections, buffers
     times = _timed(op, reps)
-    # every rank must run the same number of collectives
-    more = torch.tensor([min(MAX_REPS - reps, int(budget_s * 1e6 / max(statistics.fmean(times), 1.0)))])
+    # every rank must run the same number of collectives: the slowest rank's mean decides (a broadcast's
+    # root, or a sender, returns as soon as its data is handed to the socket)
+    mean = torch.tensor([statistics.fmean(times)], dtype=torch.float64)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
+    more = torch.tensor([min(MAX_REPS - reps, int(budget_s * 1e6 / max(float(mean.item()), 1.0)))])
     dist.broadcast(more, 0)
     times += _timed(op, max(0, int(more.item())))
     tt = torch.tensor(times, dtype=torch.float64)
