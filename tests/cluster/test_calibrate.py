@@ -78,7 +78,14 @@ def test_allgather_line_or_ring_fallback() -> None:
                 a_us=a, b_us_per_byte=b, link=link)  # fmt: skip
     measured = Calibration(**base, allgather_sizes_bytes=sizes, allgather_measured_us=[700.0, 12000.0],  # type: ignore[arg-type]
                            allgather_fit=(600.0, 0.011, 0.0))  # fmt: skip
-    assert measured.allgather_us(1 << 20) == pytest.approx(600.0 + 0.011 * (1 << 20))
+    # between measured sizes: linear between the measured points; beyond: the last segment's slope;
+    # below the smallest: the fitted line
+    assert measured.allgather_us(1 << 20) == pytest.approx(12000.0)
+    mid = 1024 + ((1 << 20) - 1024) / 2
+    assert measured.allgather_us(mid) == pytest.approx((700.0 + 12000.0) / 2)
+    slope = (12000.0 - 700.0) / ((1 << 20) - 1024)
+    assert measured.allgather_us(2 << 20) == pytest.approx(12000.0 + slope * (1 << 20))
+    assert measured.allgather_us(512) == pytest.approx(600.0 + 0.011 * 512)
     back = Calibration.from_json(measured.to_json())
     assert back.allgather_us(4096) == pytest.approx(measured.allgather_us(4096))
     # not measured: the ring model of the calibrated link (2 ranks: one step of S bytes)

@@ -348,6 +348,25 @@ def worker(cfg: dict[str, Any]) -> None:
     rank = dist.get_rank()
     model, batch = build_with_batches(cfg["model"], seed=0, spec=ZooSpec(batch_size=32))
     algo = cfg["algorithm"]
+    # ``"trace": true``: per bucket and step, when the hook was entered, when it returned (encode and
+    # issue done, on the autograd thread) and when its future completed (transfer and decode done)
+    trace: list[tuple[int, float, float, float]] | None = [] if cfg.get("trace") else None
+
+    def traced(hook: Any) -> Any:
+        def run(state: Any, bucket: Any) -> Any:
+            t0 = time.perf_counter()
+            fut = hook(state, bucket)
+            t1 = time.perf_counter()
+
+            def done(f: Any) -> Any:
+                if trace is not None:
+                    trace.append((int(bucket.index()), t0, t1, time.perf_counter()))
+                return f.value()
+
+            return fut.then(done)
+
+        run.__annotations__ = {}  # DDP checks annotations as objects; these are strings here
+        return run
 
     def wrap(m: Any) -> Any:
         net = DDP(m)
@@ -359,7 +378,7 @@ def worker(cfg: dict[str, Any]) -> None:
                 plan = Plan.load(cfg["plan"])
             state = CompressionState(algo, model=m, scheme=cfg.get("scheme", "allgather"), plan=plan,
                                      **cfg.get("options", {}))  # fmt: skip
-            net.register_comm_hook(state, hook_for(algo))
+            net.register_comm_hook(state, hook_for(algo) if trace is None else traced(hook_for(algo)))
         return net
 
     if cfg.get("overhead"):  # one process: the hook's step vs plain DDP's, alternating
@@ -371,6 +390,8 @@ def worker(cfg: dict[str, Any]) -> None:
     warmup, steps = int(cfg["warmup"]), int(cfg["steps"])
     starts, cpu, main_cpu, bwd = [], [], [], []
     for step in range(warmup + steps + 1):
+        if trace is not None and step == warmup:
+            trace.clear()
         starts.append(time.perf_counter())
         cpu.append(time.process_time())
         main_cpu.append(time.thread_time())
@@ -382,11 +403,15 @@ def worker(cfg: dict[str, Any]) -> None:
         bwd.append((time.perf_counter() - t0) * 1e3)
         opt.step()
     step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
-    diag = {
+    diag: dict[str, list[Any]] = {
         "cpu_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(cpu)][warmup:],
         "main_thread_cpu_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(main_cpu)][warmup:],
         "backward_ms": bwd[warmup:-1],
     }
+    if trace is not None:  # relative to the first measured step's start, ms
+        t_ref = starts[warmup]
+        diag["buckets"] = [(b, *(round((t - t_ref) * 1e3, 3) for t in ts)) for b, *ts in trace]
+        diag["step_starts_ms"] = [round((t - t_ref) * 1e3, 3) for t in starts[warmup:]]
     t = torch.tensor(step_ms, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     check = torch.tensor(
