@@ -207,8 +207,11 @@ def run_harness(
                 ag_sizes = default_sizes(max(4096, max_msg // 8))
                 log(f"calibrating gloo all-reduce ({len(sizes)} sizes) and all-gather ({len(ag_sizes)}) "
                     f"on {_link(rate, delay)}")  # fmt: skip
+                # a budget of 1 s per size: on slow links a 256 KiB all-gather takes ~150 ms, and a few
+                # samples of it moved by +-10 % between calibrations
                 cal = calibrate(world=2, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net,
-                                allgather_sizes=ag_sizes, p2p_sizes=[4096, 256 << 10, 1 << 20])  # fmt: skip
+                                allgather_sizes=ag_sizes, p2p_sizes=[4096, 256 << 10, 1 << 20],
+                                budget_s=1.0)  # fmt: skip
                 p2p_us, p2p_us_per_byte = cal.p2p_line()
                 log(f"  point-to-point: {p2p_us:.0f} us + {p2p_us_per_byte * 1e3:.2f} us/KB, "
                     f"both ways at once x{cal.duplex_factor():.2f}")  # fmt: skip
