@@ -128,10 +128,12 @@ class Calibration:
         On gloo they cost more than one send: at 100 Mbit/s a 128 KiB gather or broadcast measured ~20 %
         above a one-way send of the same bytes."""
         sizes = np.asarray(self.p2p_sizes_bytes, float)
-        return tuple(  # type: ignore[return-value]
-            _nonneg_line(sizes, np.asarray(ys, float)) if len(ys) >= 2 and len(ys) == sizes.size else self.p2p_line()
-            for ys in (self.gather_us, self.broadcast_us)
-        )
+
+        def line(ys: list[float]) -> tuple[float, float]:
+            ok = len(ys) >= 2 and len(ys) == sizes.size
+            return _nonneg_line(sizes, np.asarray(ys, float)) if ok else self.p2p_line()
+
+        return line(self.gather_us), line(self.broadcast_us)
 
     def duplex_factor(self) -> float:
         """How much longer a transfer takes when the link carries one the other way at the same time:
