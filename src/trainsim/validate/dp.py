@@ -384,8 +384,9 @@ def run_harness(
                     prof = profiled[c.model, c.world]
                     if corun and recheck_host:
                         prof = prof.at_host_speed(_corun_steps(c.model, c.world, max(10, steps)))
+                    rounds = c.mode == "p3" and p3_uses_rounds(cal.predict_us, c.world)
                     agree = None
-                    if c.mode == "p3" and corun and p3_uses_rounds(cal.predict_us, c.world):
+                    if rounds and corun:
                         log(f"timing the P3 runtime's agreement round while {c.model} trains")
                         agree = agree_round_us(c.model, c.world, net)
                     pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown, agree_us=agree)
@@ -394,7 +395,7 @@ def run_harness(
                     wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup,
                             "slice_bytes": c.slice_bytes}  # fmt: skip
                     if c.mode == "p3":  # the mode the prediction assumed (the runtime's own probe is as noisy)
-                        wcfg["agree_rounds"] = p3_uses_rounds(cal.predict_us, c.world)
+                        wcfg["agree_rounds"] = rounds
                     out = launch(world, ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)], net=net,
                                  timeout_s=600, torchrun=torchrun)  # fmt: skip
                     data = json.loads(out[0].strip().splitlines()[-1])
