@@ -60,6 +60,22 @@ def test_host_cpu_line() -> None:
     assert none.cpu_us(1 << 20) == 0.0
 
 
+def test_cpu_us_prefers_the_measured_loss_of_computation() -> None:
+    sizes = [1024, 65536, 1 << 20]
+    a, b, link = fit_alpha_beta(np.array(sizes), np.array([500.0, 900.0, 9000.0]), world=2)
+    cal = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=sizes, measured_us=[500.0, 900.0, 9000.0],
+                      a_us=a, b_us_per_byte=b, link=link, cpu_sizes_bytes=sizes,
+                      cpu_allreduce_us=[600 + 0.01 * s for s in sizes], cpu_p2p_us=[200.0, 300.0, 400.0],
+                      stolen_us=[400.0, 2000.0, 30000.0])  # fmt: skip
+    assert cal.cpu_us(1024) == pytest.approx(400.0)
+    assert cal.cpu_us(65536) == pytest.approx(2000.0)
+    assert cal.cpu_us((65536 + (1 << 20)) / 2) == pytest.approx(16000.0)  # linear between measured sizes
+    assert cal.cpu_us(4 << 20) == pytest.approx(120000.0)  # proportional to the size beyond the largest
+    assert cal.cpu_us(512) == pytest.approx(400.0)  # the smallest measured below it
+    assert cal.cpu_us(4096, p2p=True) == pytest.approx(cal.cpu_line(p2p=True)[0] + cal.cpu_line(p2p=True)[1] * 4096)
+    assert Calibration.from_json(cal.to_json()).cpu_us(65536) == pytest.approx(2000.0)
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(UserError):
         calibrate(world=1)
@@ -103,6 +119,7 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(t > 0 for t in cal.measured_us)
     # the CPU pass ran for every size (all are fast here) and measured something
     assert cal.cpu_sizes_bytes == cal.sizes_bytes and all(c > 0 for c in cal.cpu_allreduce_us)
+    assert len(cal.stolen_us) == len(cal.sizes_bytes) and all(c >= 0 for c in cal.stolen_us)
     assert len(cal.cpu_p2p_us) == len(cal.sizes_bytes)
     ag = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, allgather_sizes=[1024, 8192],
                    p2p_sizes=[1024, 8192])  # fmt: skip

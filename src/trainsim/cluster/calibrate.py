@@ -72,6 +72,9 @@ class Calibration:
     """the sizes of the two lists above"""
     busy_slowdown: list[float] = field(default_factory=list)
     """all-reduce time while every rank computes / time on idle ranks, per size of ``cpu_sizes_bytes``"""
+    stolen_us: list[float] = field(default_factory=list)
+    """computation lost per all-reduce per rank while every rank computes, per size of
+    ``cpu_sizes_bytes`` (empty: not measured): see ``cpu_us``"""
     allgather_sizes_bytes: list[int] = field(default_factory=list)
     """per-rank input sizes at which the all-gather was timed (none: not measured)"""
     allgather_measured_us: list[float] = field(default_factory=list)
@@ -109,6 +112,20 @@ class Calibration:
         return c0 / half, c1 / half
 
     def cpu_us(self, size_bytes: float, *, p2p: bool = False) -> float:
+        """Host CPU that one all-reduce (or, ``p2p``, one send or receive) of ``size_bytes`` takes from
+        the computation it overlaps. For the all-reduce this is the *measured loss of computation*
+        (``stolen_us``) when the calibration has it: interpolated between the measured sizes,
+        proportional to the size beyond the largest. The process's own CPU time (``cpu_line``) misses
+        most of it on a virtual machine with shaped links: the kernel's network work on other
+        threads' time slices and the shaper's timer interrupts (on this project's 2-vCPU VM at
+        100 Mbit/s, 10.5 ms lost per 296 KB all-reduce against 4.2 ms of process CPU)."""
+        if not p2p and len(self.stolen_us) >= 2 and len(self.stolen_us) == len(self.cpu_sizes_bytes):
+            x = np.asarray(self.cpu_sizes_bytes, float)
+            y = np.asarray(self.stolen_us, float)
+            s = float(size_bytes)
+            if s > x[-1]:
+                return float(y[-1] * s / x[-1])
+            return float(np.interp(s, x, y))
         c0, c1 = self.cpu_line(p2p=p2p)
         return c0 + c1 * float(size_bytes)
 
@@ -299,7 +316,7 @@ def calibrate(
     data = json.loads(outs[0].strip().splitlines()[-1])
     med = [float(statistics.fmean(x)) for x in data["us"]]
     a, b, floor = fit_model(np.array(sizes), np.array(med))
-    cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) == 4]
+    cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) >= 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
     p2p = [(float(statistics.fmean(o)), float(statistics.fmean(e))) for o, e in data.get("p2p_us", [])]
@@ -309,6 +326,7 @@ def calibrate(
         a_us=a, b_us_per_byte=b, floor_us=floor, link=_ring_link(a + floor, b, world), where=where, notes=notes,
         cpu_allreduce_us=[c[0] for _, c in cpu], cpu_p2p_us=[c[1] for _, c in cpu],
         cpu_sizes_bytes=[s for s, _ in cpu], busy_slowdown=[max(1.0, c[3] / c[2]) for _, c in cpu],
+        stolen_us=[c[4] for _, c in cpu] if all(len(c) >= 5 for _, c in cpu) else [],
         allgather_sizes_bytes=ag_sizes if ag else [], allgather_measured_us=ag, allgather_fit=ag_fit,
         p2p_sizes_bytes=pp_sizes if p2p else [], p2p_oneway_us=[o for o, _ in p2p],
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
@@ -318,17 +336,22 @@ def calibrate(
 # --------------------------------------------------------------------------- worker (one per rank)
 MAX_REPS = 400
 CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
+ALONE_S = 0.2  # windows of computation alone around the all-reduces of the CPU pass
 
 
 def _cpu_pass(x: Any, n: int) -> list[float]:
     """Per operation, averaged over the ranks, in µs: ``[host CPU per all-reduce, host CPU per send +
-    receive, wall time per all-reduce, wall time per all-reduce while every rank computes]``.
+    receive, wall time per all-reduce, wall time per all-reduce while every rank computes, computation
+    lost per all-reduce]``.
 
     Back-to-back operations with no barrier; ``time.process_time`` counts every thread of the process
     (gloo's too; waiting for the peer costs nothing). The last figure runs the same all-reduces while a
     second thread on every rank multiplies matrices without pause, as a training step's computation
     would: on a host whose cores are all busy, gloo's threads wait for the scheduler and transfers
-    slow down. Empty when the all-reduce is too slow for a pass.
+    slow down. The compute thread counts its iterations: their rate during the all-reduces against the
+    rate in windows of ``ALONE_S`` before and after them (every rank computing, nothing sent) gives the
+    computation the transfers took away, however the host spent it (gloo's threads, the kernel's
+    network stack, interrupts). Empty when the all-reduce is too slow for a pass.
     """
     import threading
 
@@ -352,23 +375,35 @@ def _cpu_pass(x: Any, n: int) -> list[float]:
             _p2p_ops(x, y, exchange=True)
     c2 = time.process_time()
     stop = threading.Event()
+    done = [0]  # iterations of the compute thread
 
     def compute() -> None:
         a = torch.randn(256, 256)
         while not stop.is_set():
             a = torch.mm(a, a).clamp_(-1.0, 1.0)
+            done[0] += 1
+
+    def alone_rate() -> float:
+        dist.barrier()
+        k, t = done[0], time.perf_counter()
+        time.sleep(ALONE_S)
+        return (done[0] - k) / (time.perf_counter() - t)
 
     th = threading.Thread(target=compute, daemon=True)
     th.start()
+    before = alone_rate()
     dist.barrier()
-    w2 = time.perf_counter()
+    k2, w2 = done[0], time.perf_counter()
     for _ in range(n):
         dist.all_reduce(x)
-    w3 = time.perf_counter()
+    k3, w3 = done[0], time.perf_counter()
+    after = alone_rate()
     stop.set()
     th.join()
-    per = torch.tensor([(c1 - c0) / n * 1e6, (c2 - c1) / n * 1e6, (w1 - w0) / n * 1e6, (w3 - w2) / n * 1e6],
-                       dtype=torch.float64)  # fmt: skip
+    busy_rate = (k3 - k2) / (w3 - w2)
+    lost = max(0.0, 1.0 - busy_rate / max(0.5 * (before + after), 1e-9)) * (w3 - w2) / n * 1e6
+    per = torch.tensor([(c1 - c0) / n * 1e6, (c2 - c1) / n * 1e6, (w1 - w0) / n * 1e6, (w3 - w2) / n * 1e6,
+                        lost], dtype=torch.float64)  # fmt: skip
     dist.all_reduce(per)
     return (per / world).tolist()
 

@@ -74,6 +74,9 @@ class DpRunConfig:
     """fault injection for tests: this rank exits with code 3 at step 1"""
     save_params: bool = False
     """return the final parameters (tests)"""
+    trace: bool = False
+    """record each step's events (ms from the step's start): forward/backward/weight phase ends, time
+    spent waiting for all-reduces, each all-reduce's issue and completion (``OooDataParallel.events``)"""
 
     def __post_init__(self) -> None:
         from trainsim.models.zoo import MODELS
@@ -118,7 +121,7 @@ def check_k(k: int, n_layers: int, model: str) -> None:
 class OooDataParallel:
     """Reverse-first-k data parallelism over the children of an ``nn.Sequential``."""
 
-    __slots__ = ("_works", "group", "k", "layers", "optimizers", "world_size")
+    __slots__ = ("_works", "events", "group", "k", "layers", "optimizers", "world_size")
 
     def __init__(
         self,
@@ -141,6 +144,9 @@ class OooDataParallel:
         ]
         # layer -> (all-reduce work, flat buffer) in flight, not yet applied
         self._works: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.events: list[tuple[str, float]] | None = None
+        """``(event, perf_counter seconds)`` when tracing (set to a list); appended from gloo's
+        threads too (all-reduce completions)"""
         if self.world_size > 1:
             for p in model.parameters():  # same start on every rank, as DDP does
                 dist.broadcast(p.data, 0, group=group)
@@ -158,13 +164,23 @@ class OooDataParallel:
             self._works[i] = (None, flat)
             return
         flat.div_(self.world_size)
-        self._works[i] = (dist.all_reduce(flat, async_op=True, group=self.group), flat)
+        work = dist.all_reduce(flat, async_op=True, group=self.group)
+        ev = self.events
+        if ev is not None:
+            ev.append((f"issue:{i}", time.perf_counter()))
+            work.get_future().then(lambda _f: ev.append((f"done:{i}", time.perf_counter())))
+        self._works[i] = (work, flat)
 
     def _finish(self, i: int) -> None:
         """Wait for layer ``i``'s all-reduce, write the averages back and apply its update."""
         work, flat = self._works.pop(i)
         if work is not None:
-            work.wait()
+            if self.events is not None:
+                t = time.perf_counter()
+                work.wait()
+                self.events.append((f"wait:{i}", time.perf_counter() - t))
+            else:
+                work.wait()
         off = 0
         for p in self.layers[i].parameters():
             if p.grad is not None:
@@ -181,6 +197,8 @@ class OooDataParallel:
         """One training step (forward, reordered backward, updates); returns the local loss."""
         import torch
 
+        ev = self.events
+        cpu0 = time.thread_time()
         tapes: list[LayerTape] = []
         h = x
         for i, layer in enumerate(self.layers):
@@ -189,6 +207,9 @@ class OooDataParallel:
             tape = LayerTape.forward(layer, h, input_grad=i > 0)
             tapes.append(tape)
             h = tape.out
+        if ev is not None:
+            ev.append(("forward", time.perf_counter()))
+            ev.append(("cpu:forward", time.thread_time() - cpu0))
         logits = h.detach().requires_grad_(True)
         loss = loss_fn(logits, y)
         (g,) = torch.autograd.grad(loss, logits)
@@ -200,12 +221,20 @@ class OooDataParallel:
                 g_in = tapes[i].backward_input(g)
             if g_in is not None:
                 g = g_in
+        if ev is not None:
+            ev.append(("backward", time.perf_counter()))
+            ev.append(("cpu:backward", time.thread_time() - cpu0))
         for i in range(self.k):  # 3. reversed first k: input-first weight gradients
             tapes[i].backward_weight()
             self._start_allreduce(i)
+        if ev is not None:
+            ev.append(("weights", time.perf_counter()))
+            ev.append(("cpu:weights", time.thread_time() - cpu0))
         for i in range(self.k, len(self.layers)):  # 4. DDP's end of step
             if i in self._works:
                 self._finish(i)
+        if ev is not None:
+            ev.append(("end", time.perf_counter()))
         return float(loss.detach())
 
     def flush(self) -> None:
@@ -232,9 +261,12 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
     step_fn: Callable[[torch.Tensor, torch.Tensor], float]
+    trace: list[Any] = []
     if cfg.mode == "ooo":
         assert isinstance(model, nn.Sequential)
         ooo = OooDataParallel(model, cfg.k, make_opt)
+        if cfg.trace:
+            ooo.events = []
         step_fn = lambda x, y: ooo.step(x, y, loss_fn)  # noqa: E731
         finish: Callable[[], None] = ooo.flush
     else:
@@ -258,7 +290,11 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         x, y = batches(s * cfg.world_size + rank)
         if s >= cfg.warmup:
             stamps.append(time.perf_counter())
+        if cfg.trace and cfg.mode == "ooo":
+            ooo.events = [("start", time.perf_counter())] if s >= cfg.warmup else None
         losses.append(step_fn(x, y))
+        if cfg.trace and cfg.mode == "ooo" and s >= cfg.warmup:
+            trace.append(ooo.events)
     stamps.append(time.perf_counter())
     finish()
     dist.barrier()
@@ -267,6 +303,9 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         "losses": losses,
         "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
     }
+    if cfg.trace:  # events as ms from each step's start (completions may land in the next step's list)
+        result["trace"] = [[(name, round(1e3 * (t - ev[0][1]), 3) if not name.startswith(("wait:", "cpu:")) else round(1e3 * t, 3))
+                            for name, t in ev] for ev in trace]  # fmt: skip
     if cfg.save_params:
         result["params"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]
     out.write_text(json.dumps(result))
