@@ -126,7 +126,7 @@ def _train(
     wall = time.perf_counter() - t0
     with torch.no_grad():
         acc = float((model(x_te).argmax(1) == y_te).float().mean()) * 100
-    return {"acc": acc, "loss": float(loss), "steps": steps, "wall_s": wall}
+    return {"acc": acc, "loss": float(loss.detach()), "steps": steps, "wall_s": wall}
 
 
 def _worker(

@@ -36,7 +36,7 @@ def main() -> int:
     t0 = time.perf_counter()
     configs = list(QUICK if args.quick else FULL)
     results, notes = run_harness(
-        configs, steps=12, warmup=2, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True)
+        configs, steps=20, warmup=2, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True)
     )
     out = summary(results)
     lines = [
@@ -46,8 +46,8 @@ def main() -> int:
         "(same as `trainsim validate compress --json`)  ",
         f"Machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
         f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.perf_counter() - t0:.0f} s.  ",
-        "Model mlp (zoo, ~2.4M parameters), 2 gloo processes with one thread each, batch 32, median of 12 steps "
-        "(4 where a step takes over a second) after 2 warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
+        "Model mlp (zoo, ~2.4M parameters), 2 gloo processes with one thread each, batch 32, median of 20 steps "
+        "(a third of them where a step takes over a second) after 2 warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
         "-> simulator.",
         "",
         "| run | predicted ms | measured ms | error % | ranks in sync |",

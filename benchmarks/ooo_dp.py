@@ -25,7 +25,7 @@ from ooo_common import DOC, stamp, write_section
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=30)
     args = ap.parse_args()
     from trainsim.validate.ooo import FULL, QUICK, link_label, run_ooo_validation
 

@@ -64,11 +64,14 @@ def calibrate(
     for note in cal.notes:
         click.echo(f"note: {note}", err=True)
     t = Table(title=f"gloo all-reduce, {world} processes ({cal.where})")
-    for col in ("bytes", "measured us", "model us", "error"):
+    cpu = dict(zip(cal.cpu_sizes_bytes, cal.cpu_allreduce_us, strict=True))
+    lost = dict(zip(cal.cpu_sizes_bytes, cal.stolen_us, strict=False))
+    for col in ("bytes", "measured us", "model us", "error", "process CPU us", "computation lost us"):
         t.add_column(col, justify="right")
     for s, m in zip(cal.sizes_bytes, cal.measured_us, strict=True):
         p = cal.predict_us(s)
-        t.add_row(f"{s:,}", f"{m:,.0f}", f"{p:,.0f}", f"{100 * (p - m) / m:+.1f}%")
+        t.add_row(f"{s:,}", f"{m:,.0f}", f"{p:,.0f}", f"{100 * (p - m) / m:+.1f}%",
+                  f"{cpu[s]:,.0f}" if s in cpu else "-", f"{lost[s]:,.0f}" if s in lost else "-")  # fmt: skip
     Console().print(t)
     click.echo(
         f"fit: t = {cal.a_us:.1f} us + {cal.b_us_per_byte * 1e3:.4f} us/KB * size; ring model: alpha "
