@@ -60,20 +60,20 @@ def test_host_cpu_line() -> None:
     assert none.cpu_us(1 << 20) == 0.0
 
 
-def test_cpu_us_prefers_the_measured_loss_of_computation() -> None:
+def test_lost_computation_per_size() -> None:
     sizes = [1024, 65536, 1 << 20]
     a, b, link = fit_alpha_beta(np.array(sizes), np.array([500.0, 900.0, 9000.0]), world=2)
     cal = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=sizes, measured_us=[500.0, 900.0, 9000.0],
                       a_us=a, b_us_per_byte=b, link=link, cpu_sizes_bytes=sizes,
                       cpu_allreduce_us=[600 + 0.01 * s for s in sizes], cpu_p2p_us=[200.0, 300.0, 400.0],
                       stolen_us=[400.0, 2000.0, 30000.0])  # fmt: skip
-    assert cal.cpu_us(1024) == pytest.approx(400.0)
-    assert cal.cpu_us(65536) == pytest.approx(2000.0)
-    assert cal.cpu_us((65536 + (1 << 20)) / 2) == pytest.approx(16000.0)  # linear between measured sizes
-    assert cal.cpu_us(4 << 20) == pytest.approx(120000.0)  # proportional to the size beyond the largest
-    assert cal.cpu_us(512) == pytest.approx(400.0)  # the smallest measured below it
-    assert cal.cpu_us(4096, p2p=True) == pytest.approx(cal.cpu_line(p2p=True)[0] + cal.cpu_line(p2p=True)[1] * 4096)
-    assert Calibration.from_json(cal.to_json()).cpu_us(65536) == pytest.approx(2000.0)
+    assert cal.lost_us(1024) == pytest.approx(400.0)
+    assert cal.lost_us(65536) == pytest.approx(2000.0)
+    assert cal.lost_us((65536 + (1 << 20)) / 2) == pytest.approx(16000.0)  # linear between measured sizes
+    assert cal.lost_us(4 << 20) == pytest.approx(120000.0)  # proportional to the size beyond the largest
+    assert cal.lost_us(512) == pytest.approx(400.0)  # the smallest measured below it
+    assert cal.cpu_us(1 << 20) == pytest.approx(600 + 0.01 * (1 << 20))  # the predictions keep the process CPU
+    assert Calibration.from_json(cal.to_json()).lost_us(65536) == pytest.approx(2000.0)
 
 
 def test_bad_arguments() -> None:

@@ -112,22 +112,22 @@ class Calibration:
         return c0 / half, c1 / half
 
     def cpu_us(self, size_bytes: float, *, p2p: bool = False) -> float:
-        """Host CPU that one all-reduce (or, ``p2p``, one send or receive) of ``size_bytes`` takes from
-        the computation it overlaps. For the all-reduce this is the *measured loss of computation*
-        (``stolen_us``) when the calibration has it: interpolated between the measured sizes,
-        proportional to the size beyond the largest. The process's own CPU time (``cpu_line``) misses
-        most of it on a virtual machine with shaped links: the kernel's network work on other
-        threads' time slices and the shaper's timer interrupts (on this project's 2-vCPU VM at
-        100 Mbit/s, 10.5 ms lost per 296 KB all-reduce against 4.2 ms of process CPU)."""
-        if not p2p and len(self.stolen_us) >= 2 and len(self.stolen_us) == len(self.cpu_sizes_bytes):
-            x = np.asarray(self.cpu_sizes_bytes, float)
-            y = np.asarray(self.stolen_us, float)
-            s = float(size_bytes)
-            if s > x[-1]:
-                return float(y[-1] * s / x[-1])
-            return float(np.interp(s, x, y))
+        """Host CPU of one all-reduce (or, ``p2p``, one send or receive) of ``size_bytes``: the
+        process-CPU line (``cpu_line``), what the contention model takes from overlapping computation."""
         c0, c1 = self.cpu_line(p2p=p2p)
         return c0 + c1 * float(size_bytes)
+
+    def lost_us(self, size_bytes: float) -> float:
+        """Computation one all-reduce of ``size_bytes`` took away from ranks that computed meanwhile
+        (``stolen_us``): linear between the measured sizes, proportional to the size beyond the largest;
+        ``cpu_us`` when not measured. Shown by ``trainsim calibrate``; not used by the predictions (see
+        docs/cluster.md: with it in place of ``cpu_us`` the data-parallel validation was no better)."""
+        if len(self.stolen_us) < 2 or len(self.stolen_us) != len(self.cpu_sizes_bytes):
+            return self.cpu_us(size_bytes)
+        x = np.asarray(self.cpu_sizes_bytes, float)
+        y = np.asarray(self.stolen_us, float)
+        s = float(size_bytes)
+        return float(y[-1] * s / x[-1]) if s > x[-1] else float(np.interp(s, x, y))
 
     def predict_us(self, size_bytes: float) -> float:
         return self.a_us + max(self.floor_us, self.b_us_per_byte * size_bytes)
