@@ -52,3 +52,30 @@ def test_crashed_rank_stops_the_run_and_is_named() -> None:
     with pytest.raises(RankFailed, match="rank 1 exited with code 3"):
         run_dp(DpRunConfig(model="mlp", mode="ooo", k=2, steps=50, crash_rank=1, timeout_s=30))
     assert time.monotonic() - t0 < 60
+
+
+def test_window_step_time_is_the_throughput_not_the_median_of_per_step_maxima() -> None:
+    from trainsim.run.ranks import slowest_rank_steps, window_step_ms
+
+    # two ranks that meet mid-step: their long and short steps alternate out of phase
+    ranks = [{"step_ms": [60.0, 80.0] * 5}, {"step_ms": [80.0, 60.0] * 5}]
+    assert window_step_ms(ranks, 10) == pytest.approx(70.0)
+    assert sorted(slowest_rank_steps(ranks, 10)) == [80.0] * 10  # the per-step maximum reads 80
+    assert window_step_ms([{"step_ms": [10.0, 20.0, 99.0]}, {"step_ms": [12.0, 12.0, 0.0]}], 2) == pytest.approx(15.0)
+
+
+def test_load_mode_needs_sizes() -> None:
+    with pytest.raises(UserError, match="probe_sizes"):
+        DpRunConfig(mode="load")
+    with pytest.raises(UserError, match="same length"):
+        DpRunConfig(mode="load", probe_sizes=(1024, 4096), probe_reps=(3,))
+
+
+@pytest.mark.multiproc
+def test_load_probe_times_all_reduces_while_training() -> None:
+    res = run_dp(DpRunConfig(mode="load", model="mlp", steps=3, warmup=1, batch_size=8,
+                             probe_sizes=(4096, 65536), probe_reps=(5, 3)))  # fmt: skip
+    assert res["sizes"] == [4096, 65536]
+    assert len(res["allreduce_us"]) == 2 and all(t > 0 for t in res["allreduce_us"])
+    assert len(res["lost_us"]) == 2 and all(t >= 0 for t in res["lost_us"])
+    assert res["alone_ms"] > 0 and res["train_steps"] >= 1

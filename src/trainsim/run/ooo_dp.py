@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers, slowest_rank_steps
+from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers, slowest_rank_steps, window_step_ms
 from trainsim.run.splitgrad import LayerTape
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-MODES = ("ooo", "ddp")
+MODES = ("ooo", "ddp", "load")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,7 +53,9 @@ class DpRunConfig:
     model: str = "mlp"
     """zoo model name"""
     mode: str = "ooo"
-    """``ooo``: ``OooDataParallel`` with ``k``; ``ddp``: torch's DistributedDataParallel (reference)"""
+    """``ooo``: ``OooDataParallel`` with ``k``; ``ddp``: torch's DistributedDataParallel (reference);
+    ``load``: no gradient exchange: all-reduces of ``probe_sizes`` timed on a thread while the plain
+    training loop runs (``load_probe``)"""
     k: int = 0
     """layers (from the input) whose weight gradients are deferred and reordered; 0 = DDP order"""
     world_size: int = 2
@@ -74,6 +76,10 @@ class DpRunConfig:
     """fault injection for tests: this rank exits with code 3 at step 1"""
     save_params: bool = False
     """return the final parameters (tests)"""
+    probe_sizes: tuple[int, ...] = ()
+    """``load`` mode: all-reduce sizes (bytes)"""
+    probe_reps: tuple[int, ...] = ()
+    """``load`` mode: all-reduces per size (every rank runs the same count)"""
     trace: bool = False
     """record each step's events (ms from the step's start): forward/backward/weight phase ends, time
     spent waiting for all-reduces, each all-reduce's issue and completion (``OooDataParallel.events``)"""
@@ -90,6 +96,13 @@ class DpRunConfig:
                 raise UserError(f"{f}={getattr(self, f)}; expected a positive integer")
         if self.k < 0 or self.warmup < 0:
             raise UserError(f"k={self.k}, warmup={self.warmup}; expected integers >= 0")
+        if len(self.probe_sizes) != len(self.probe_reps) or any(
+            v < 1 for v in (*self.probe_sizes, *self.probe_reps)
+        ):
+            raise UserError(f"probe_sizes {self.probe_sizes}, probe_reps {self.probe_reps}; expected two lists "
+                            "of positive integers of the same length")  # fmt: skip
+        if self.mode == "load" and not self.probe_sizes:
+            raise UserError("mode 'load' needs probe_sizes")
 
     def zoo_spec(self) -> Any:
         return zoo_spec(self.model, self.batch_size, self.zoo_blocks)
@@ -260,6 +273,12 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
     def make_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
+    if cfg.mode == "load":
+        res = load_probe(model, batches, loss_fn, cfg, rank)
+        out.write_text(json.dumps({"rank": rank, **res}))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     step_fn: Callable[[torch.Tensor, torch.Tensor], float]
     trace: list[Any] = []
     if cfg.mode == "ooo":
@@ -312,10 +331,87 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
     dist.destroy_process_group()
 
 
+def load_probe(model: Any, batches: Any, loss_fn: Any, cfg: DpRunConfig, rank: int) -> dict[str, Any]:
+    """All-reduces under a training load, as the reordered schedule runs them.
+
+    First the plain training loop alone (every rank at once, nothing sent) for ``cfg.warmup +
+    cfg.steps`` steps; then a communication thread runs back-to-back all-reduces of each size of
+    ``cfg.probe_sizes`` (``cfg.probe_reps`` of each) while the main thread keeps training. Per size:
+    the mean all-reduce time (the slowest rank's per operation) and the training lost meanwhile: the
+    loop's progress over the size's window (steps counted in fractions of the part inside it) against
+    its rate alone, times the mean all-reduce time. The idle calibration misses both: a busy rank's
+    gloo threads wait for a core, and the kernel's work for the shaped link runs on the training thread.
+    """
+    import statistics
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+
+    def train_step(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        x, y = batches(i * cfg.world_size + rank)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        return t0, time.perf_counter()
+
+    alone = [b - a for a, b in (train_step(i) for i in range(cfg.warmup + cfg.steps))][cfg.warmup :]
+    alone_s = statistics.median(alone)
+    windows: list[tuple[float, float, list[float]]] = []  # per size: start, end, all-reduce times (s)
+    done = threading.Event()
+    error: list[BaseException] = []
+
+    def comm() -> None:
+        try:
+            for size, reps in zip(cfg.probe_sizes, cfg.probe_reps, strict=True):
+                x = torch.ones(max(1, size // 4))
+                dist.all_reduce(x)  # buffers and connections for this size
+                times: list[float] = []
+                start = time.perf_counter()
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    dist.all_reduce(x)
+                    times.append(time.perf_counter() - t0)
+                windows.append((start, time.perf_counter(), times))
+        except BaseException as exc:  # surfaced on the main thread
+            error.append(exc)
+        finally:
+            done.set()
+
+    dist.barrier()
+    th = threading.Thread(target=comm, daemon=True)
+    th.start()
+    steps: list[tuple[float, float]] = []
+    i = cfg.warmup + cfg.steps
+    while not done.is_set():
+        steps.append(train_step(i))
+        i += 1
+    th.join()
+    if error:
+        raise RuntimeError(f"load probe failed on rank {rank}: {error[0]!r}")
+    mean_s, lost_s = [], []
+    for start, end, times in windows:
+        inside = sum(max(0.0, min(b, end) - max(a, start)) / (b - a) for a, b in steps)
+        frac = max(0.0, 1.0 - (inside / (end - start)) * alone_s)
+        mean_s.append(statistics.fmean(times))
+        lost_s.append(frac * mean_s[-1])
+    t = torch.tensor(mean_s, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    lost = torch.tensor(lost_s, dtype=torch.float64)
+    dist.all_reduce(lost)
+    return {"sizes": list(cfg.probe_sizes), "allreduce_us": [1e6 * v for v in t.tolist()],
+            "lost_us": [1e6 * v / cfg.world_size for v in lost.tolist()], "alone_ms": 1e3 * alone_s,
+            "train_steps": len(steps)}  # fmt: skip
+
+
 def run_dp(
     cfg: DpRunConfig, *, popen: Popen = local_popen, master: str = "127.0.0.1", port: int | None = None
 ) -> dict[str, Any]:
-    """Run ``cfg`` on ``world_size`` processes; per-rank results plus the median step time (ms)."""
+    """Run ``cfg`` on ``world_size`` processes; per-rank results, the time per step over the measured
+    window (ms; ``window_step_ms``), and the median and minimum of the slowest rank's steps."""
     import statistics
 
     from trainsim.models.zoo import build
@@ -325,10 +421,13 @@ def run_dp(
         check_k(cfg.k, n, cfg.model)
     ranks = run_workers("trainsim.run.ooo_dp", cfg, cfg.world_size, popen=popen, master=master, port=port,
                         timeout_s=3 * cfg.timeout_s)  # fmt: skip
+    if cfg.mode == "load":
+        return {"config": asdict(cfg), **{k: v for k, v in ranks[0].items() if k != "rank"}}
     per_step = slowest_rank_steps(ranks, cfg.steps)
     return {
         "config": asdict(cfg),
-        "step_ms": statistics.median(per_step),
+        "step_ms": window_step_ms(ranks, cfg.steps),
+        "step_median_ms": statistics.median(per_step),
         "step_min_ms": min(per_step),
         "ranks": ranks,
         "losses": ranks[0]["losses"],

@@ -10,7 +10,8 @@ Per configuration ``(model, link rate, added latency)``:
    **calibrate** gloo's all-reduce on them (``trainsim.cluster.calibrate``);
 3. **predict** the step time of k = 0 (DDP order, one bucket per layer) and of ``k`` (given, or the
    simulator's best: ``trainsim.transform.ooo.search_k``);
-4. **measure** both with ``trainsim.run.ooo_dp`` (one gloo process per namespace, median step), and
+4. **measure** both with ``trainsim.run.ooo_dp`` (one gloo process per namespace; time per step over
+   the measured window, ``trainsim.run.ranks.window_step_ms``), and
    torch's own DDP as a reference line;
 5. print predictions, measurements, errors and the speed-up. Without namespaces it says so and runs on
    unshaped loopback.
@@ -146,6 +147,47 @@ def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> Hos
     return HostTerms(factor=factor, extra_us=1e3 * extra_ms)
 
 
+PROBE_S = 0.5
+"""seconds of all-reduces per size in the load probe"""
+
+
+def load_terms(
+    case: OooCase, sizes: list[int], cal: Any, popen: Any, master: str, steps: int, warmup: int
+) -> tuple[Callable[[float], float], Callable[[float], float], dict[str, Any]]:
+    """``(cpu_us, slowdown, raw)`` per all-reduce size, measured with the ranks training
+    (``trainsim.run.ooo_dp.load_probe``, mode ``load``, on the case's link): the training lost per
+    all-reduce, and the all-reduce time under load over the calibrated idle time (>= 1). Between the
+    probed sizes (the model's layers) linear in log size, constant beyond them."""
+    import math
+
+    import numpy as np
+
+    from trainsim.run.ooo_dp import DpRunConfig, run_dp
+
+    reps = [max(3, min(200, math.ceil(PROBE_S * 1e6 / max(cal.predict_us(s), 1.0)))) for s in sizes]
+    res = run_dp(
+        DpRunConfig(mode="load", model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup,
+                    probe_sizes=tuple(sizes), probe_reps=tuple(reps), **_zoo_fields(case)),
+        popen=popen, master=master, port=random.randint(20000, 60000),
+    )  # fmt: skip
+    x = np.log(np.asarray(sizes, float))
+    lost = np.asarray(res["lost_us"], float)
+    sigma = np.maximum(
+        1.0, np.asarray(res["allreduce_us"], float) / np.array([cal.predict_us(s) for s in sizes])
+    )
+
+    def cpu_us(size: float) -> float:
+        return float(np.interp(math.log(max(size, 1.0)), x, lost))
+
+    def slowdown(size: float) -> float:
+        return float(np.interp(math.log(max(size, 1.0)), x, sigma))
+
+    raw = {"sizes": sizes, "allreduce_us": [round(v, 1) for v in res["allreduce_us"]],
+           "idle_model_us": [round(cal.predict_us(s), 1) for s in sizes],
+           "lost_us": [round(v, 1) for v in res["lost_us"]]}  # fmt: skip
+    return cpu_us, slowdown, raw
+
+
 def run_ooo_validation(
     cases: tuple[OooCase, ...] | list[OooCase],
     *,
@@ -173,10 +215,17 @@ def run_ooo_validation(
             cal = calibrate(
                 world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=sizes, reps=5, net=net
             )
+            psizes = sorted({int(r["param_bytes"]) for r in rows if r["param_bytes"] > 0})
+            log(f"timing all-reduces of {len(psizes)} sizes while both ranks train (load probe)")
+            cpu_us, slowdown, probe = load_terms(case, psizes, cal, popen, master, steps=8, warmup=2)
+            log("  all-reduce under load / idle model: " + ", ".join(
+                f"{s / 1e3:.0f} KB {t / 1e3:.1f}/{i / 1e3:.1f} ms (training lost {c / 1e3:.1f} ms)"
+                for s, t, i, c in zip(probe["sizes"], probe["allreduce_us"], probe["idle_model_us"], probe["lost_us"],
+                                      strict=True)))  # fmt: skip
             log("timing the runtime in one-rank groups (alone, then two at once)")
             terms = {0: host_terms(case, prof, 0, steps, warmup)}
             if case.k is None:  # the search uses k = 0's host terms for every k
-                k, _ = search_k(prof, case.batch_size, cal.predict_us, cal.cpu_us, cal.slowdown, host=terms[0])
+                k, _ = search_k(prof, case.batch_size, cal.predict_us, cpu_us, slowdown, host=terms[0])
             else:
                 k = case.k
             if k not in terms:
@@ -185,8 +234,7 @@ def run_ooo_validation(
             measured: dict[str, float] = {}
             for label, kk in (("ddp-order", 0), ("reverse-first-k", k)):
                 pred = predict_dp(
-                    prof, case.batch_size, kk, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
-                    host=terms[kk],
+                    prof, case.batch_size, kk, cal.predict_us, cpu_us=cpu_us, slowdown=slowdown, host=terms[kk],
                 )  # fmt: skip
                 log(f"running {case.model} k={kk} ({label}), predicted {pred:.1f} ms")
                 res = run_dp(
@@ -212,9 +260,11 @@ def run_ooo_validation(
                         {
                             "host_factor": round(terms[kk].factor, 3),
                             "host_extra_ms": round(terms[kk].extra_us / 1e3, 3),
+                            "measured_median_ms": round(res["step_median_ms"], 3),
                             "measured_min_ms": round(res["step_min_ms"], 3),
                             "calibrated_a_us": round(cal.a_us, 1),
                             "calibrated_b_us_per_byte": cal.b_us_per_byte,
+                            "load_probe": probe,
                         },
                     )
                 )

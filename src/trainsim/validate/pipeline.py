@@ -204,6 +204,7 @@ def run_pipeline_validation(
                         "predicted_ms": round(pred.step_ms, 3),
                         "measured_ms": round(meas, 3),
                         "error_pct": round(100 * (pred.step_ms - meas) / meas, 2),
+                        "measured_median_ms": round(res["step_median_ms"], 3),
                         "measured_min_ms": round(res["step_min_ms"], 3),
                         "action_overhead_us": round(overhead[m], 1),
                         "predicted_busy_full_ms": round(alt, 3),
