@@ -147,7 +147,7 @@ def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> Hos
     return HostTerms(factor=factor, extra_us=1e3 * extra_ms)
 
 
-PROBE_S = 0.5
+PROBE_S = 1.5
 """seconds of all-reduces per size in the load probe"""
 
 
