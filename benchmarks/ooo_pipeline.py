@@ -67,7 +67,9 @@ def main() -> int:
         f"{out['link']['bw_gbps']:.3f} Gbit/s, {out['link']['latency_us']:.0f} us per message; host CPU per send or "
         f"receive {out['link']['cpu_us']:.0f} us + {out['link']['cpu_us_per_byte'] * 1e3:.2f} us/KB, of which "
         f"{out['link'].get('runtime_p2p_us', 0.0):.0f} us from the runtime probe on the hollow model "
-        "(`trainsim.validate.pipeline._probe_p2p_overhead_us`). Raw: `docs/benchmarks/ooo_pipeline.json`.",
+        f"(`trainsim.validate.pipeline._probe_p2p_overhead_us`, at the smallest and largest M), which also "
+        f"gave {out['link'].get('runtime_step_us', 0.0) / 1e3:.1f} ms per step and rank. "
+        "Raw: `docs/benchmarks/ooo_pipeline.json`.",
         "",
         "*Predicted, slowdown in full*: the same prediction with the busy-host slowdown of transfers counted in "
         "full whenever either rank computes (`busy_share=1`) instead of in proportion to the ranks computing "

@@ -126,6 +126,31 @@ def test_host_cpu_of_sends_and_receives_lands_on_the_ranks() -> None:
     assert paid.step_ms > free.step_ms
 
 
+def test_a_per_step_runtime_cost_lengthens_every_step_by_itself() -> None:
+    prof = _profile()
+    spec = PipeSpec(schedule="1F1B", microbatches=4)
+    base = predict_pipeline(prof, spec, batch_size=32, link=Link(), steps=4)
+    more = predict_pipeline(prof, spec, batch_size=32, link=Link(), steps=4, step_overhead_us=2000.0)
+    # the optimizer of each rank ends the step, and both ranks pay it: the step grows by the cost
+    assert more.step_ms == pytest.approx(base.step_ms + 2.0, rel=1e-6)
+    with pytest.raises(UserError, match="step_overhead_us"):
+        predict_pipeline(prof, spec, batch_size=32, link=Link(), step_overhead_us=-1.0)
+
+
+def test_runtime_cost_fit() -> None:
+    from trainsim.validate.pipeline import _fit_runtime_cost
+
+    assert _fit_runtime_cost([(24, 12_000.0), (96, 30_000.0)]) == pytest.approx((250.0, 6000.0))
+    assert _fit_runtime_cost([(96, 30_000.0), (24, 12_000.0)]) == pytest.approx((250.0, 6000.0))  # any order
+    # more messages but less extra: a per-step cost only
+    assert _fit_runtime_cost([(24, 12_000.0), (96, 8_000.0)]) == pytest.approx((0.0, 10_000.0))
+    # a negative per-step part: through the origin
+    a, f = _fit_runtime_cost([(24, 1_000.0), (96, 30_000.0)])
+    assert f == 0.0 and a == pytest.approx((24 * 1_000.0 + 96 * 30_000.0) / (24**2 + 96**2))
+    assert _fit_runtime_cost([(96, 9_600.0)]) == pytest.approx((100.0, 0.0))
+    assert _fit_runtime_cost([(96, -500.0)]) == (0.0, 0.0)
+
+
 def test_bad_input_is_refused() -> None:
     with pytest.raises(UserError, match="needs 2 stage"):
         PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=1)

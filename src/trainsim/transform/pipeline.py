@@ -22,7 +22,7 @@ DualPipeV. 1F1B's order comes from ``ScheduleInterleaved1F1B`` with one stage pe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -244,6 +244,9 @@ class StageCosts:
     out_bytes: tuple[int, ...]
     action_overhead_us: float = 0.0
     """runtime bookkeeping per compute action (µs), from the profile's calibration"""
+    step_overhead_us: float = 0.0
+    """the runtime's own work per step and rank beyond its actions (µs; a probe's measure), run with the
+    optimizer update"""
 
 
 def stage_costs(
@@ -365,8 +368,9 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
         for r in order:
             mine = [s for s in range(spec.n_stages) if s2r[s] == r]
             prev_opt[r] = b.task(
-                "optimizer", TaskKind.CPU, cpu[r], sum(costs.opt_us[s] for s in mine), step=step
-            )
+                "optimizer", TaskKind.CPU, cpu[r], sum(costs.opt_us[s] for s in mine) + costs.step_overhead_us,
+                step=step,
+            )  # fmt: skip
     return b.build()
 
 
@@ -429,13 +433,15 @@ def predict_pipeline(
     slowdown: Callable[[float], float] | None = None,
     busy_share: float | None = None,
     corun_factor: float = 1.0,
+    step_overhead_us: float = 0.0,
 ) -> PipePrediction:
     """Predicted step time (ms) of ``spec`` from a single-process per-layer profile. ``slowdown``: how
     much slower a transfer of S bytes runs while the ranks compute (a calibration's ``slowdown``; CPU
     hosts), applied with ``trainsim.simulate.contention`` (``busy_share``: its argument of that name;
     default ``1 / ranks``); the host CPU of sends and receives is in ``link``. ``corun_factor``: ranks
     that share one host compute this much slower while another rank computes (measured: copies of the
-    training loop at once / alone; 1 for ranks on separate hosts)."""
+    training loop at once / alone; 1 for ranks on separate hosts). ``step_overhead_us``: the runtime's
+    own work per step and rank (``StageCosts.step_overhead_us``)."""
     from trainsim.simulate.contention import comm_slowdown_column, simulate_with_host_cpu
     from trainsim.simulate.engine import simulate
 
@@ -448,7 +454,10 @@ def predict_pipeline(
     rows = prof.table(micro)
     sizes = list(split) if split else plan_split([r["fwd_us"] + r["bwd_us"] for r in rows], spec.n_stages)
     layers = check_split(sizes, n_layers, spec.n_stages)
-    g = pipeline_graph(spec, stage_costs(prof, layers, micro, overhead_us), link, steps=steps)
+    if step_overhead_us < 0:
+        raise UserError(f"step_overhead_us {step_overhead_us}; expected >= 0")
+    costs = replace(stage_costs(prof, layers, micro, overhead_us), step_overhead_us=step_overhead_us)
+    g = pipeline_graph(spec, costs, link, steps=steps)
     if corun_factor < 1.0:
         raise UserError(f"corun_factor {corun_factor}; expected >= 1 (co-run / alone step time)")
     if slowdown is None and corun_factor == 1.0:

@@ -141,8 +141,9 @@ def run_pipeline_validation(
         latency_us, us_per_byte = cal.p2p_line()
         link = Link(bw_gbps=8 / (us_per_byte * 1e3), latency_us=latency_us, cpu_us=c0, cpu_us_per_byte=c1)
         log(f"host CPU per send or receive: {c0:.0f} us + {c1 * 1e3:.3f} us/KB")
+        step_us = 0.0
         if probe and case.model == "transformer":
-            extra_us = _probe_p2p_overhead_us(case, prof, link, cal.slowdown, steps, warmup, popen, master, log)
+            extra_us, step_us = _probe_p2p_overhead_us(case, prof, link, cal.slowdown, steps, warmup, popen, master, log)
             link = dataclasses.replace(link, cpu_us=link.cpu_us + extra_us)
             probe_us = round(extra_us, 1)
         else:
@@ -154,18 +155,18 @@ def run_pipeline_validation(
                 spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
                 pred = predict_pipeline(
                     prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown, corun_factor=factor,
+                    slowdown=cal.slowdown, corun_factor=factor, step_overhead_us=step_us,
                 )
                 sizes = tuple(len(s) for s in pred.split)
                 # the same with the busy-host slowdown counted in full while either rank computes
                 alt = predict_pipeline(
                     prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown, busy_share=1.0, corun_factor=factor,
+                    slowdown=cal.slowdown, busy_share=1.0, corun_factor=factor, step_overhead_us=step_us,
                 ).step_ms  # fmt: skip
                 # and without the ranks slowing each other's computation (separate hosts)
                 apart = predict_pipeline(
                     prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown,
+                    slowdown=cal.slowdown, step_overhead_us=step_us,
                 ).step_ms  # fmt: skip
                 label = f"{name}/{spr}"
                 log(f"running {label} M={m} split {sizes}, predicted {pred.step_ms:.1f} ms")
@@ -217,7 +218,7 @@ def run_pipeline_validation(
         "ranking": ranking_check(runs, rank_gap_pct),
         "notes": notes,
         "link": {"bw_gbps": link.bw_gbps, "latency_us": link.latency_us, "cpu_us": link.cpu_us,
-                 "cpu_us_per_byte": link.cpu_us_per_byte, "runtime_p2p_us": probe_us},
+                 "cpu_us_per_byte": link.cpu_us_per_byte, "runtime_p2p_us": probe_us, "runtime_step_us": round(step_us, 1)},
     }  # fmt: skip
 
 
@@ -248,32 +249,56 @@ def comm_actions(spec: Any) -> int:
 def _probe_p2p_overhead_us(
     case: PipeCase, prof: Any, link: Any, slowdown: Any, steps: int, warmup: int, popen: Any, master: str,
     log: Callable[[str], None],
-) -> float:  # fmt: skip
-    """The pipeline runtime's own cost per send or receive on this host and link, beyond the calibrated
-    transfer and its host CPU: run the schedule with the most point-to-point actions on the zoo's
-    *hollow* transformer (same activations, almost no compute), predict it the same way, and spread the
-    difference over its SEND/RECV actions. A property of the runtime, host and link, measured on a
-    model other than the one predicted, like the collective calibration."""
+) -> tuple[float, float]:  # fmt: skip
+    """The pipeline runtime's own cost on this host and link, beyond the calibrated transfers and their
+    host CPU, as ``(per send or receive, per step)`` in µs: run the schedule with the most
+    point-to-point actions on the zoo's *hollow* transformer (same activations, almost no compute) at
+    the smallest and the largest microbatch count, predict both the same way, and fit the differences
+    with a cost per step plus a cost per SEND/RECV action (both >= 0; one count: per action only). A
+    property of the runtime, host and link, measured on a model other than the one predicted, like the
+    collective calibration."""
     from trainsim.capture.layerprofile import profile_layers
     from trainsim.run.pipeline import PipeRunConfig, run_pipeline
     from trainsim.transform.pipeline import PipeSpec, predict_pipeline
 
-    m = max(case.microbatches)
-    name, spr = max(case.schedules, key=lambda s: comm_actions(PipeSpec(schedule=s[0], stages_per_rank=s[1], microbatches=m)))
-    spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
-    split = [len(s) for s in predict_pipeline(prof, spec, batch_size=case.batch_size, link=link).split]
-    hollow = profile_layers(case.model, batch_sizes=(case.batch_size // m,), reps=20, zoo={**case.zoo(), "hollow": True})
-    pred = predict_pipeline(hollow, spec, batch_size=case.batch_size, link=link, split=split, slowdown=slowdown).step_ms
-    res = run_pipeline(
-        PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m, batch_size=case.batch_size,
-                      split=tuple(split), blocks=case.blocks, steps=steps, warmup=warmup, hollow=True),
-        popen=popen, master=master, port=random.randint(20000, 60000),
-    )  # fmt: skip
-    n = comm_actions(spec)
-    extra = max(0.0, (res["step_ms"] - pred) * 1e3 / n)
-    log(f"runtime probe ({name}/{spr}, M={m}, hollow model): predicted {pred:.1f} ms, measured "
-        f"{res['step_ms']:.1f} ms over {n} sends/receives per step: +{extra:.0f} us each")  # fmt: skip
-    return extra
+    m_hi = max(case.microbatches)
+    name, spr = max(case.schedules, key=lambda s: comm_actions(PipeSpec(schedule=s[0], stages_per_rank=s[1], microbatches=m_hi)))
+    split = [len(s) for s in predict_pipeline(prof, PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m_hi),
+                                              batch_size=case.batch_size, link=link).split]  # fmt: skip
+    points: list[tuple[int, float]] = []  # (SEND/RECV actions per step, measured - predicted µs)
+    for m in sorted({min(case.microbatches), m_hi}):
+        spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
+        hollow = profile_layers(case.model, batch_sizes=(case.batch_size // m,), reps=20, zoo={**case.zoo(), "hollow": True})
+        pred = predict_pipeline(hollow, spec, batch_size=case.batch_size, link=link, split=split, slowdown=slowdown).step_ms
+        res = run_pipeline(
+            PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m, batch_size=case.batch_size,
+                          split=tuple(split), blocks=case.blocks, steps=steps, warmup=warmup, hollow=True),
+            popen=popen, master=master, port=random.randint(20000, 60000),
+        )  # fmt: skip
+        n = comm_actions(spec)
+        points.append((n, (res["step_ms"] - pred) * 1e3))
+        log(f"runtime probe ({name}/{spr}, M={m}, hollow model): predicted {pred:.1f} ms, measured "
+            f"{res['step_ms']:.1f} ms, {n} sends/receives per step")  # fmt: skip
+    per_msg, per_step = _fit_runtime_cost(points)
+    log(f"runtime cost beyond the model: {per_msg:.0f} us per send/receive + {per_step / 1e3:.1f} ms per step")
+    return per_msg, per_step
+
+
+def _fit_runtime_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """``(per action, per step)`` µs, both >= 0, through ``(actions, extra µs)`` points: the line
+    through two points; a line through the origin where the two-point line's parts would be negative,
+    or for one point."""
+    if len(points) == 2 and points[0][0] != points[1][0]:
+        (n1, d1), (n2, d2) = sorted(points)
+        a = (d2 - d1) / (n2 - n1)
+        f = d1 - a * n1
+        if a >= 0 and f >= 0:
+            return a, f
+        if a < 0:  # more messages, less extra: a cost per step only
+            return 0.0, max(0.0, (d1 + d2) / 2)
+    num = sum(n * d for n, d in points)
+    den = sum(n * n for n, _ in points)
+    return (max(0.0, num / den) if den else 0.0), 0.0
 
 
 @click.command("pipeline")
