@@ -1,6 +1,6 @@
 """Every pipeline schedule on 2 processes, 4/8/16 microbatches: predicted vs measured, and the ranking.
 
-    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts, 16 steps each, ~4 min
+    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts x 3 passes, 16 steps, ~6 min
     python benchmarks/ooo_pipeline.py --quick   # 3 schedules at M=4, ~1 min
 
 Runs ``trainsim.validate.pipeline.run_pipeline_validation`` (transformer with 6 blocks, batch 32,
@@ -26,6 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--passes", type=int, default=3, help="measurements per configuration (median)")
     args = ap.parse_args()
     from trainsim.validate.pipeline import FULL, QUICK, run_pipeline_validation
 
@@ -35,6 +36,7 @@ def main() -> int:
         QUICK if args.quick else FULL,
         steps=args.steps,
         warmup=2,
+        passes=args.passes,
         log=lambda s: print(f"{time.monotonic() - t0:6.1f}s {s}", file=sys.stderr),
     )
     DOC.with_name("ooo_pipeline.json").write_text(json.dumps(out, indent=1))
@@ -42,8 +44,8 @@ def main() -> int:
         "## Pipeline schedules (2 processes, transformer, 1000 Mbit/s links)",
         "",
         head,
-        "| schedule / stages per rank | M | split (layers per stage) | predicted ms | measured ms (per step over "
-        "the window) | error | median of the slowest rank's steps ms | runtime overhead us/action | co-run factor | predicted without co-run ms | "
+        "| schedule / stages per rank | M | split (layers per stage) | predicted ms | measured ms (median of the "
+        "passes, each the time per step over its window) | error | passes ms | runtime overhead us/action | co-run factor | predicted without co-run ms | "
         "predicted, slowdown in full ms | error |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -55,7 +57,7 @@ def main() -> int:
         lines.append(
             f"| {c['label']} | {c['microbatches']} | {','.join(map(str, c['split']))} | "
             f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | "
-            f"{r['measured_median_ms']:.1f} | {r['action_overhead_us']:.0f} | {r.get('corun_factor', 1.0):.3f} | "
+            f"{' / '.join(f'{v:.1f}' for v in r['passes_ms'])} | {r['action_overhead_us']:.0f} | {r.get('corun_factor', 1.0):.3f} | "
             f"{r.get('predicted_no_corun_ms', float('nan')):.1f} | {alt:.1f} | {alt_err[-1]:+.1f}% |"
         )
     rk = out["ranking"]
