@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers, slowest_rank_steps, window_step_ms
+from trainsim.run.ranks import (
+    Popen,
+    init_gloo,
+    local_popen,
+    run_workers,
+    slowest_rank_steps,
+    train_while,
+    window_step_ms,
+)
 from trainsim.run.splitgrad import LayerTape
 
 if TYPE_CHECKING:
@@ -284,8 +292,6 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
     if cfg.mode == "ooo":
         assert isinstance(model, nn.Sequential)
         ooo = OooDataParallel(model, cfg.k, make_opt)
-        if cfg.trace:
-            ooo.events = []
         step_fn = lambda x, y: ooo.step(x, y, loss_fn)  # noqa: E731
         finish: Callable[[], None] = ooo.flush
     else:
@@ -343,7 +349,6 @@ def load_probe(model: Any, batches: Any, loss_fn: Any, cfg: DpRunConfig, rank: i
     gloo threads wait for a core, and the kernel's work for the shaped link runs on the training thread.
     """
     import statistics
-    import threading
 
     import torch
     import torch.distributed as dist
@@ -361,37 +366,22 @@ def load_probe(model: Any, batches: Any, loss_fn: Any, cfg: DpRunConfig, rank: i
     alone = [b - a for a, b in (train_step(i) for i in range(cfg.warmup + cfg.steps))][cfg.warmup :]
     alone_s = statistics.median(alone)
     windows: list[tuple[float, float, list[float]]] = []  # per size: start, end, all-reduce times (s)
-    done = threading.Event()
-    error: list[BaseException] = []
 
     def comm() -> None:
-        try:
-            for size, reps in zip(cfg.probe_sizes, cfg.probe_reps, strict=True):
-                x = torch.ones(max(1, size // 4))
-                dist.all_reduce(x)  # buffers and connections for this size
-                times: list[float] = []
-                start = time.perf_counter()
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    dist.all_reduce(x)
-                    times.append(time.perf_counter() - t0)
-                windows.append((start, time.perf_counter(), times))
-        except BaseException as exc:  # surfaced on the main thread
-            error.append(exc)
-        finally:
-            done.set()
+        for size, reps in zip(cfg.probe_sizes, cfg.probe_reps, strict=True):
+            x = torch.ones(max(1, size // 4))
+            dist.all_reduce(x)  # buffers and connections for this size
+            times: list[float] = []
+            start = time.perf_counter()
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                times.append(time.perf_counter() - t0)
+            windows.append((start, time.perf_counter(), times))
 
     dist.barrier()
-    th = threading.Thread(target=comm, daemon=True)
-    th.start()
     steps: list[tuple[float, float]] = []
-    i = cfg.warmup + cfg.steps
-    while not done.is_set():
-        steps.append(train_step(i))
-        i += 1
-    th.join()
-    if error:
-        raise RuntimeError(f"load probe failed on rank {rank}: {error[0]!r}")
+    train_while(comm, lambda i: steps.append(train_step(i)), cfg.warmup + cfg.steps, f"load probe on rank {rank}")
     mean_s, lost_s = [], []
     for start, end, times in windows:
         inside = sum(max(0.0, min(b, end) - max(a, start)) / (b - a) for a, b in steps)

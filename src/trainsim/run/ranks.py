@@ -123,6 +123,35 @@ def run_workers(
         return [json.loads(o.read_text()) for o in outs]
 
 
+def train_while(comm: Callable[[], object], train: Callable[[int], object], first: int, what: str) -> int:
+    """Run ``comm`` on a thread while the main thread calls ``train(first)``, ``train(first + 1)`` ...
+    until ``comm`` returns; the number of ``train`` calls. An exception in ``comm`` is raised here as a
+    ``RuntimeError`` naming ``what`` (the probes that time communication under a training load)."""
+    import threading
+
+    done = threading.Event()
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            comm()
+        except BaseException as exc:  # surfaced on the main thread
+            error.append(exc)
+        finally:
+            done.set()
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    i = first
+    while not done.is_set():
+        train(i)
+        i += 1
+    th.join()
+    if error:
+        raise RuntimeError(f"{what} failed: {error[0]!r}")
+    return i - first
+
+
 def slowest_rank_steps(ranks: Sequence[dict[str, Any]], steps: int) -> list[float]:
     """Per step, the time of the slowest rank (ms). Its median is biased upwards where the ranks
     synchronise inside a step rather than at its end (a rank's long step i then pairs with the other's

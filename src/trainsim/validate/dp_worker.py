@@ -282,43 +282,33 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
     import torch
     import torch.distributed as dist
 
+    from trainsim.run.ranks import train_while
+
     world, rank = dist.get_world_size(), dist.get_rank()
     times: list[float] = []
-    done = threading.Event()
-    error: list[BaseException] = []
 
     def comm() -> None:
-        try:
-            counts = torch.zeros(world)
-            buf = torch.ones(max(1, slice_bytes // 4))
-            for i in range(rounds):
-                counts.zero_()
-                counts[rank] = float(i)
-                t0 = time.perf_counter()
-                dist.all_reduce(counts)
-                times.append((time.perf_counter() - t0) * 1e6)
-                dist.all_reduce(buf)
-        except BaseException as exc:  # surfaced on the main thread
-            error.append(exc)
-        finally:
-            done.set()
+        counts = torch.zeros(world)
+        buf = torch.ones(max(1, slice_bytes // 4))
+        for i in range(rounds):
+            counts.zero_()
+            counts[rank] = float(i)
+            t0 = time.perf_counter()
+            dist.all_reduce(counts)
+            times.append((time.perf_counter() - t0) * 1e6)
+            dist.all_reduce(buf)
 
-    dist.barrier()
-    th = threading.Thread(target=comm, daemon=True)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    x, y = batch(rank)
-    loss_fn(model(x), y).backward()  # warm the loop up before the rounds start
-    th.start()
-    step = 0
-    while not done.is_set():
+    def train(step: int) -> None:
         x, y = batch(step * 1000 + rank)
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
         opt.step()
-        step += 1
-    th.join()
-    if error:
-        raise RuntimeError(f"agreement probe failed on rank {rank}: {error[0]!r}")
+
+    dist.barrier()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    x, y = batch(rank)
+    loss_fn(model(x), y).backward()  # warm the loop up before the rounds start
+    step = train_while(comm, train, 0, f"agreement probe on rank {rank}")
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     # the first rounds overlap the ranks' different start-up; keep the steady part
