@@ -3,7 +3,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainsim.cluster.calibrate import Calibration, calibrate, default_sizes, fit_alpha_beta, fit_model
+from trainsim.cluster.calibrate import (
+    Calibration,
+    calibrate,
+    default_sizes,
+    fit_alpha_beta,
+    fit_knee,
+    fit_model,
+)
 from trainsim.errors import UserError
 
 
@@ -32,6 +39,26 @@ def test_fit_with_latency_floor() -> None:
     line = 300.0 + 0.08 * s
     a2, b2, f2 = fit_model(s, line)
     assert np.abs((a2 + np.maximum(f2, b2 * s)) / line - 1).max() < 0.01
+
+
+def test_fit_knee_slope_below_the_knee() -> None:
+    # a shaper's burst: bytes below the knee (here 16 KiB) cost a third of those above it
+    s = np.array(default_sizes(64 << 20), dtype=float)
+    a, b, b0, knee = 150.0, 0.085, 0.085 / 3, 16384.0
+    t = a + np.maximum(b * knee + b0 * (s - knee), b * s)
+    a2, b2, floor2, b02 = fit_knee(s, t)
+    model = a2 + np.maximum(floor2 + b02 * (s - floor2 / b2), b2 * s)
+    assert np.abs(model / t - 1).max() < 0.02
+    assert b2 == pytest.approx(b, rel=0.02) and floor2 / b2 == pytest.approx(knee, rel=0.1)
+    # the calibration predicts with the same formula
+    cal = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=list(map(int, s)), measured_us=list(t),
+                      a_us=a2, b_us_per_byte=b2, floor_us=floor2, b0_us_per_byte=b02,
+                      link=fit_alpha_beta(s, t, world=2)[2])  # fmt: skip
+    assert [cal.predict_us(x) for x in s] == pytest.approx(list(model))
+    assert Calibration.from_json(cal.to_json()).predict_us(2048) == pytest.approx(cal.predict_us(2048))
+    # without the slope below the knee (fit_model) the small sizes miss
+    a3, b3, f3 = fit_model(s, t)
+    assert np.abs((a3 + np.maximum(f3, b3 * s)) / t - 1).max() > 0.03
 
 
 def test_json_round_trip() -> None:
@@ -129,6 +156,10 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(t > 0 for t in ag.p2p_oneway_us + ag.p2p_exchange_us) and ag.duplex_factor() == 1.0
     # the parameter-server primitives at the same sizes
     assert len(ag.gather_us) == len(ag.broadcast_us) == 2 and all(t > 0 for t in ag.gather_us + ag.broadcast_us)
+    # the ranks' threads in the real-time class (root here): all-reduces only, no CPU pass
+    rt = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, realtime=True)
+    assert all(t > 0 for t in rt.measured_us) and rt.cpu_sizes_bytes == []
+    assert not rt.notes or "real-time scheduling refused" in rt.notes[0]
 
 
 def test_p2p_line_and_duplex_factor() -> None:

@@ -33,12 +33,14 @@ def _parse_bytes(text: str) -> int:
 @click.option("--delay", type=float, default=0.0, show_default=True, help="added one-way latency, ms")
 @click.option("--min-bytes", default="1KB", show_default=True, help="smallest all-reduce")
 @click.option("--max-bytes", default="16MB", show_default=True, help="largest all-reduce")
-@click.option("--reps", type=int, default=5, show_default=True, help="repetitions per size (median kept)")
+@click.option("--reps", type=int, default=5, show_default=True, help="repetitions per size at least (mean kept)")
+@click.option("--realtime", is_flag=True, help="run the ranks' threads in the real-time scheduling class (root): "
+              "removes the wake-up delays of several ranks sharing this machine's cores; skips the CPU pass")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the calibration JSON here")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def calibrate(
-    world: int, rate: float | None, delay: float, min_bytes: str, max_bytes: str, reps: int, out: str | None,
-    as_json: bool,
+    world: int, rate: float | None, delay: float, min_bytes: str, max_bytes: str, reps: int, realtime: bool,
+    out: str | None, as_json: bool,
 ) -> None:
     """Measure gloo all-reduce latency/bandwidth with torch.distributed and fit the model's constants."""
     from rich.console import Console
@@ -54,7 +56,8 @@ def calibrate(
     if not 0 < lo <= hi:
         raise UserError(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}; expected 0 < min <= max")
     with Console(stderr=True).status("measuring all-reduce times ..."):
-        cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps)
+        cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps,
+                  realtime=realtime)
     data = cal.to_json()
     if out:
         Path(out).write_text(json.dumps(data, indent=1))
@@ -73,8 +76,11 @@ def calibrate(
         t.add_row(f"{s:,}", f"{m:,.0f}", f"{p:,.0f}", f"{100 * (p - m) / m:+.1f}%",
                   f"{cpu[s]:,.0f}" if s in cpu else "-", f"{lost[s]:,.0f}" if s in lost else "-")  # fmt: skip
     Console().print(t)
+    b = cal.b_us_per_byte
+    knee = cal.floor_us / b if b > 0 else 0.0
     click.echo(
-        f"fit: t = {cal.a_us:.1f} us + {cal.b_us_per_byte * 1e3:.4f} us/KB * size; ring model: alpha "
+        f"fit: t = {cal.a_us:.1f} us + max({cal.floor_us:.1f} us + {cal.b0_us_per_byte * 1e3:.4f} us/KB * "
+        f"(size - {knee / 1e3:.1f} KB), {b * 1e3:.4f} us/KB * size); ring model: alpha "
         f"{cal.link.latency_us:.1f} us, bandwidth {cal.link.bw_gbps * 8e3:.1f} Mbit/s"
     )
 

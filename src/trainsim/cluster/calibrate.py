@@ -15,9 +15,10 @@ Algorithm:
    machine running 2 ranks, gloo's hand-off between its socket thread and its worker thread waits for
    a scheduler time slice in 10-40 % of small all-reduces (about 4 ms instead of 0.3-0.5 ms), and
    the median of a few repetitions landed on either mode;
-3. fit ``t(S) = a + max(floor, b * S)`` minimising the *relative* squared error (``floor = 0``: the
-   plain alpha-beta line; see ``fit_model``), and turn it into the ring model's constants:
-   ``a + floor = 2(p-1) alpha`` and ``b = 2(p-1)/p / bandwidth`` (``collectives.ring_allreduce_us``).
+3. fit ``t(S) = a + max(floor + b0 (S - c), b S)``, ``c = floor / b``, minimising the *relative*
+   squared error (``fit_knee``: a slope ``b`` above the knee ``c``, a smaller one ``b0`` below it), and
+   turn it into the ring model's constants: the time at 0 bytes is ``2(p-1) alpha`` and
+   ``b = 2(p-1)/p / bandwidth`` (``collectives.ring_allreduce_us``).
 
 The returned ``Calibration`` holds the measured points, the fit and a catalog-style ``Link`` whose
 predictions are what the what-ifs and ``validate dp`` use.
@@ -58,7 +59,10 @@ class Calibration:
     b_us_per_byte: float
     """fitted cost per byte of the tensor"""
     floor_us: float = 0.0
-    """fitted latency floor that large transfers hide: t = a + max(floor, b * size)"""
+    """fitted latency floor that large transfers hide: t = a + max(floor + b0 (size - c), b * size),
+    ``c = floor / b`` (``fit_knee``)"""
+    b0_us_per_byte: float = 0.0
+    """cost per byte below the knee ``c`` (0: a flat floor)"""
     link: Link
     """the equivalent ring-model link (alpha, bandwidth)"""
     where: str = "netns"
@@ -130,7 +134,10 @@ class Calibration:
         return float(y[-1] * s / x[-1]) if s > x[-1] else float(np.interp(s, x, y))
 
     def predict_us(self, size_bytes: float) -> float:
-        return self.a_us + max(self.floor_us, self.b_us_per_byte * size_bytes)
+        """All-reduce time of ``size_bytes``: ``a + max(floor + b0 (S - c), b S)``, ``c = floor / b``."""
+        b, s = self.b_us_per_byte, float(size_bytes)
+        knee = self.floor_us / b if b > 0 else 0.0
+        return self.a_us + max(self.floor_us + self.b0_us_per_byte * (s - knee), b * s)
 
     def p2p_line(self) -> tuple[float, float]:
         """``(latency_us, us_per_byte)`` of one point-to-point transfer, a relative least-squares line
@@ -218,28 +225,65 @@ def fit_model(sizes: np.ndarray, times_us: np.ndarray, *, with_floor: bool = Tru
 
     ``floor = 0`` is the plain alpha-beta line. A floor models protocols whose small messages pay
     handshakes that large, pipelined transfers hide (gloo's ring on a high-latency link pays about two
-    round trips per step for a 1 KiB message but overlaps them with data for 1 MiB). The floor and ``b``
-    are searched on a grid around the linear fit, ``a`` is solved in closed form for each pair.
+    round trips per step for a 1 KiB message but overlaps them with data for 1 MiB). ``fit_knee`` with
+    the slope below the knee held at 0.
+    """
+    a, b, floor, _ = fit_knee(sizes, times_us, below_slope=False, knee=with_floor)
+    return a, b, floor
+
+
+def fit_knee(
+    sizes: np.ndarray, times_us: np.ndarray, *, below_slope: bool = True, knee: bool = True
+) -> tuple[float, float, float, float]:
+    """Fit ``t = a + max(floor + b0 (S - c), b S)`` with ``c = floor / b`` and ``0 <= b0 <= b``
+    (relative least squares); returns ``(a, b, floor, b0)``.
+
+    Above the knee ``c`` every byte costs ``b`` (the link, or the host for fast links); below it a byte
+    costs only ``b0``: a token-bucket shaper lets its burst through at the host's speed, and a
+    handshake-bound protocol hides small payloads in its round trips (``b0 = 0`` is ``fit_model``'s
+    floor). ``a`` may be negative, so that the line above the knee starts below the origin (the burst
+    passed free), while the time at 0 bytes, ``a + floor - b0 c``, stays >= 0. ``knee=False``: the plain line ``a + b S``. The slope ``b`` and the knee are searched on a
+    grid around the linear fit, then on a finer grid around the best point; ``a`` and ``b0`` are
+    solved in closed form for each pair.
     """
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(times_us, dtype=float)
     if len(s) < 2 or (t <= 0).any() or len(s) != len(t):
         raise UserError("calibration needs at least two sizes with positive times")
     w = 1.0 / t
-    A = np.stack([w, s * w], axis=1)
-    (a0, b0), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
-    b0 = max(float(b0), 1e-12)
-    best = (float(np.sum(((max(float(a0), 0.0) + b0 * s) / t - 1) ** 2)), max(float(a0), 0.0), b0, 0.0)
-    if not with_floor:
-        return best[1], best[2], best[3]
-    for floor in np.geomspace(float(t.min()) * 0.1, float(t.max()), 121):
-        for b in b0 * np.geomspace(0.5, 2.0, 81):
-            m = np.maximum(floor, b * s)
-            a = max(0.0, float(np.sum(w * w * (t - m)) / np.sum(w * w)))
-            err = float(np.sum(((a + m) / t - 1) ** 2))
-            if err < best[0]:
-                best = (err, a, float(b), float(floor))
-    return best[1], best[2], best[3]
+    (a0, b_lin), *_ = np.linalg.lstsq(np.stack([w, s * w], axis=1), np.ones_like(t), rcond=None)
+    b_lin = max(float(b_lin), 1e-12)
+    best = (float(np.sum(((max(float(a0), 0.0) + b_lin * s) / t - 1) ** 2)), max(float(a0), 0.0), b_lin, 0.0, 0.0)
+    if not knee:
+        return best[1], best[2], best[3], best[4]
+
+    def solve(b: float, c: float) -> tuple[float, float, float]:
+        """Best ``(error, a, b0)`` for slope ``b`` and knee ``c``."""
+        y = t - b * np.maximum(s, c)  # what a + b0 * min(S - c, 0) must explain
+        x = np.minimum(s - c, 0.0)
+        if below_slope and (x < 0).any():
+            (a, b0), *_ = np.linalg.lstsq(np.stack([w, x * w], axis=1), y * w, rcond=None)
+            b0 = min(max(float(b0), 0.0), b)
+        else:
+            b0 = 0.0
+        r = y - b0 * x
+        # a < 0 lets the line above the knee start below the origin (a shaper's burst passes free),
+        # as long as the time at 0 bytes stays >= 0
+        a = max(-c * (b - b0), float(np.sum(w * w * r) / np.sum(w * w)))
+        m = a + b * np.maximum(s, c) + b0 * x
+        return float(np.sum((m / t - 1) ** 2)), a, b0
+
+    bs, cs = b_lin * np.geomspace(0.5, 2.0, 61), np.geomspace(float(s.min()) / 8, float(s.max()), 81)
+    for _ in range(2):  # coarse grid, then a finer one around the best point
+        for b in bs:
+            for c in cs:
+                err, a, b0 = solve(float(b), float(c))
+                if err < best[0]:
+                    best = (err, a, float(b), float(b * c), b0)
+        b_best, c_best = best[2], best[3] / best[2]
+        bs = b_best * np.geomspace(0.97, 1.03, 31)
+        cs = max(c_best, 1.0) * np.geomspace(0.7, 1.4, 41)
+    return best[1], best[2], best[3], best[4]
 
 
 def _ring_link(small_us: float, b: float, world: int) -> Link:
@@ -271,11 +315,13 @@ def calibrate(
     net: object | None = None,
     allgather_sizes: list[int] | None = None,
     p2p_sizes: list[int] | None = None,
+    realtime: bool = False,
 ) -> Calibration:
     """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
     ``allgather_sizes``: per-rank sizes at which to time ``all_gather_into_tensor`` too (>= 2 sizes);
     ``p2p_sizes``: sizes at which to time one-way sends and simultaneous exchanges (>= 2 sizes, an even
-    number of ranks)."""
+    number of ranks); ``realtime``: run every thread of the ranks in the real-time class (see
+    ``_realtime``); the pass that measures interference with computation is skipped then."""
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
@@ -294,7 +340,8 @@ def calibrate(
         raise UserError(f"calibrate: p2p_sizes={pp_sizes} with {world} ranks; expected at least two sizes of "
                         ">= 4 bytes and an even number of ranks")  # fmt: skip
     args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
-            ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-"]  # fmt: skip
+            ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-",
+            "realtime" if realtime else "default"]  # fmt: skip
     notes: list[str] = []
     if isinstance(net, Netns):
         outs = launch(world, args, net=net, timeout_s=timeout_s)
@@ -314,8 +361,10 @@ def calibrate(
             outs = launch(world, args, net=None, timeout_s=timeout_s)
             where = "loopback"
     data = json.loads(outs[0].strip().splitlines()[-1])
+    if realtime and not data.get("realtime"):
+        notes.append(f"real-time scheduling refused ({data.get('sched_error')}): measured with the default scheduler")
     med = [float(statistics.fmean(x)) for x in data["us"]]
-    a, b, floor = fit_model(np.array(sizes), np.array(med))
+    a, b, floor, b0 = fit_knee(np.array(sizes), np.array(med))
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) >= 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
@@ -323,7 +372,8 @@ def calibrate(
     ps = [(float(statistics.fmean(g)), float(statistics.fmean(b))) for g, b in data.get("ps_us", [])]
     return Calibration(
         world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, sizes_bytes=list(sizes), measured_us=med,
-        a_us=a, b_us_per_byte=b, floor_us=floor, link=_ring_link(a + floor, b, world), where=where, notes=notes,
+        a_us=a, b_us_per_byte=b, floor_us=floor, b0_us_per_byte=b0, where=where, notes=notes,
+        link=_ring_link(max(a + floor - b0 * floor / b, 0.0), b, world),
         cpu_allreduce_us=[c[0] for _, c in cpu], cpu_p2p_us=[c[1] for _, c in cpu],
         cpu_sizes_bytes=[s for s, _ in cpu], busy_slowdown=[max(1.0, c[3] / c[2]) for _, c in cpu],
         stolen_us=[c[4] for _, c in cpu] if all(len(c) >= 5 for _, c in cpu) else [],
@@ -334,7 +384,7 @@ def calibrate(
 
 
 # --------------------------------------------------------------------------- worker (one per rank)
-MAX_REPS = 400
+MAX_REPS = 2000  # sub-millisecond sizes: enough repetitions to fill the budget (0.3 s)
 CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
 ALONE_S = 0.2  # windows of computation alone around the all-reduces of the CPU pass
 
@@ -457,11 +507,33 @@ def _p2p_ops(x: Any, y: Any, *, exchange: bool) -> None:
         dist.recv(y, peer)
 
 
-def _worker(sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int], pp_sizes: list[int]) -> None:
+def _realtime() -> str | None:
+    """Put this process's thread in the real-time FIFO class (priority 1) before gloo starts its threads,
+    which inherit it; ``None`` on success, else why not (it needs CAP_SYS_NICE).
+
+    Why: emulated ranks share this machine's cores. Under the default scheduler a gloo thread woken by
+    an arriving message may queue behind another rank's thread until the next scheduler tick (4 ms at
+    250 Hz), so 10-40 % of sub-millisecond all-reduces take ~4 ms (docs/cluster.md). Real ranks on
+    separate machines do not queue behind each other; FIFO threads are placed on an idle core at
+    once. Only for runs that do nothing but communicate: a FIFO thread that computes would hold its
+    core against the transfers."""
+    import os
+
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (OSError, AttributeError) as exc:
+        return str(exc)
+    return None
+
+
+def _worker(
+    sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int], pp_sizes: list[int], realtime: bool = False
+) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    sched_error = _realtime() if realtime else "not asked for"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out: list[list[float]] = []
@@ -471,7 +543,8 @@ def _worker(sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int], p
         times = _measure(partial(dist.all_reduce, x), reps, budget_s)
         out.append(times)
         slow = statistics.fmean(times) > CPU_PASS_MAX_S * 1e6
-        cpu.append(_cpu_pass(x, 0 if slow else int(budget_s * 1e6 / max(statistics.fmean(times), 1.0))))
+        n_cpu = 0 if slow or realtime else int(budget_s * 1e6 / max(statistics.fmean(times), 1.0))
+        cpu.append(_cpu_pass(x, n_cpu))
     gathered: list[list[float]] = []
     for size in ag_sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
@@ -490,15 +563,17 @@ def _worker(sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int], p
                    _measure(partial(dist.broadcast, x, 0), reps, budget_s / 2)])  # fmt: skip
     if rank == 0:
         print(json.dumps({"sizes": sizes, "us": out, "cpu_us": cpu, "allgather_us": gathered, "p2p_us": p2p,
-                          "ps_us": ps}), flush=True)  # fmt: skip
+                          "ps_us": ps, "realtime": sched_error is None, "sched_error": sched_error}),
+              flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
+    if len(sys.argv) == 8 and sys.argv[1] == "--worker":
         ag, pp = ([] if a == "-" else [int(s) for s in a.split(",")] for a in sys.argv[5:7])
-        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]), ag, pp)
+        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]), ag, pp,
+                sys.argv[7] == "realtime")  # fmt: skip
     else:
         print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS BUDGET_S AG_SIZES|- P2P_SIZES|- "
-              "(started by `trainsim calibrate`)")  # fmt: skip
+              "default|realtime (started by `trainsim calibrate`)")  # fmt: skip
         sys.exit(2)
