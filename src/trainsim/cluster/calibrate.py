@@ -242,18 +242,40 @@ def fit_knee(
     costs only ``b0``: a token-bucket shaper lets its burst through at the host's speed, and a
     handshake-bound protocol hides small payloads in its round trips (``b0 = 0`` is ``fit_model``'s
     floor). ``a`` may be negative, so that the line above the knee starts below the origin (the burst
-    passed free), while the time at 0 bytes, ``a + floor - b0 c``, stays >= 0. ``knee=False``: the plain line ``a + b S``. The slope ``b`` and the knee are searched on a
-    grid around the linear fit, then on a finer grid around the best point; ``a`` and ``b0`` are
-    solved in closed form for each pair.
+    passed free), while the time at 0 bytes, ``a + floor - b0 c``, stays >= 0. ``knee=False``: the
+    plain line ``a + b S``. The slope ``b`` and the knee are searched on a grid around the linear fit,
+    then on a finer grid around the best point; ``a`` and ``b0`` are solved in closed form for each pair.
+
+    Robust to one noisy size: a size whose relative residual exceeds 3 robust standard deviations of
+    the residuals (and 3 %) is left out and the fit repeated, so that a mean pushed up by a burst of
+    host load (a 1 MiB all-reduce 16 % above its neighbours' line at 20 Mbit/s) does not tilt the slope
+    that the large sizes, the ones a training step pays for, depend on.
     """
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(times_us, dtype=float)
     if len(s) < 2 or (t <= 0).any() or len(s) != len(t):
         raise UserError("calibration needs at least two sizes with positive times")
-    w = 1.0 / t
-    (a0, b_lin), *_ = np.linalg.lstsq(np.stack([w, s * w], axis=1), np.ones_like(t), rcond=None)
+    keep = np.ones(len(s), dtype=bool)
+    fit = _fit_knee_once(s, t, keep, below_slope=below_slope, knee=knee)
+    if len(s) >= 6:
+        a, b, floor, b0 = fit
+        c = floor / b if b > 0 else 0.0
+        r = np.abs((a + np.maximum(floor + b0 * (s - c), b * s)) / t - 1)
+        limit = max(3 * 1.4826 * float(np.median(r)), 0.03)
+        if 0 < int((r > limit).sum()) <= len(s) // 4:
+            fit = _fit_knee_once(s, t, r <= limit, below_slope=below_slope, knee=knee)
+    return fit
+
+
+def _fit_knee_once(
+    s: np.ndarray, t: np.ndarray, keep: np.ndarray, *, below_slope: bool, knee: bool
+) -> tuple[float, float, float, float]:
+    """``fit_knee`` on the sizes where ``keep`` is true."""
+    w = keep / t
+    (a0, b_lin), *_ = np.linalg.lstsq(np.stack([w, s * w], axis=1), keep.astype(float), rcond=None)
     b_lin = max(float(b_lin), 1e-12)
-    best = (float(np.sum(((max(float(a0), 0.0) + b_lin * s) / t - 1) ** 2)), max(float(a0), 0.0), b_lin, 0.0, 0.0)
+    best = (float(np.sum(keep * ((max(float(a0), 0.0) + b_lin * s) / t - 1) ** 2)), max(float(a0), 0.0), b_lin,
+            0.0, 0.0)  # fmt: skip
     if not knee:
         return best[1], best[2], best[3], best[4]
 
@@ -261,7 +283,7 @@ def fit_knee(
         """Best ``(error, a, b0)`` for slope ``b`` and knee ``c``."""
         y = t - b * np.maximum(s, c)  # what a + b0 * min(S - c, 0) must explain
         x = np.minimum(s - c, 0.0)
-        if below_slope and (x < 0).any():
+        if below_slope and (x[keep] < 0).any():
             (a, b0), *_ = np.linalg.lstsq(np.stack([w, x * w], axis=1), y * w, rcond=None)
             b0 = min(max(float(b0), 0.0), b)
         else:
@@ -271,7 +293,7 @@ def fit_knee(
         # as long as the time at 0 bytes stays >= 0
         a = max(-c * (b - b0), float(np.sum(w * w * r) / np.sum(w * w)))
         m = a + b * np.maximum(s, c) + b0 * x
-        return float(np.sum((m / t - 1) ** 2)), a, b0
+        return float(np.sum(keep * (m / t - 1) ** 2)), a, b0
 
     bs, cs = b_lin * np.geomspace(0.5, 2.0, 61), np.geomspace(float(s.min()) / 8, float(s.max()), 81)
     for _ in range(2):  # coarse grid, then a finer one around the best point
