@@ -134,10 +134,8 @@ class Calibration:
         return float(y[-1] * s / x[-1]) if s > x[-1] else float(np.interp(s, x, y))
 
     def predict_us(self, size_bytes: float) -> float:
-        """All-reduce time of ``size_bytes``: ``a + max(floor + b0 (S - c), b S)``, ``c = floor / b``."""
-        b, s = self.b_us_per_byte, float(size_bytes)
-        knee = self.floor_us / b if b > 0 else 0.0
-        return self.a_us + max(self.floor_us + self.b0_us_per_byte * (s - knee), b * s)
+        """All-reduce time of ``size_bytes`` (``knee_us``)."""
+        return float(knee_us(size_bytes, self.a_us, self.b_us_per_byte, self.floor_us, self.b0_us_per_byte))
 
     def p2p_line(self) -> tuple[float, float]:
         """``(latency_us, us_per_byte)`` of one point-to-point transfer, a relative least-squares line
@@ -207,6 +205,14 @@ class Calibration:
         return Calibration(link=Link(**link_d), **kw)  # type: ignore[arg-type]
 
 
+def knee_us(size_bytes: Any, a: float, b: float, floor: float, b0: float) -> Any:
+    """``a + max(floor + b0 (S - c), b S)`` with the knee ``c = floor / b`` (``fit_knee``'s model), for
+    one size or an array of them."""
+    c = floor / b if b > 0 else 0.0
+    x = np.asarray(size_bytes, dtype=float)
+    return a + np.maximum(floor + b0 * (x - c), b * x)
+
+
 def _nonneg_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """``y ~ c0 + c1 x`` by relative least squares, both coefficients clipped at 0."""
     w = 1.0 / np.maximum(y, 1e-9)
@@ -258,9 +264,7 @@ def fit_knee(
     keep = np.ones(len(s), dtype=bool)
     fit = _fit_knee_once(s, t, keep, below_slope=below_slope, knee=knee)
     if len(s) >= 6:
-        a, b, floor, b0 = fit
-        c = floor / b if b > 0 else 0.0
-        r = np.abs((a + np.maximum(floor + b0 * (s - c), b * s)) / t - 1)
+        r = np.abs(knee_us(s, *fit) / t - 1)
         limit = max(3 * 1.4826 * float(np.median(r)), 0.03)
         if 0 < int((r > limit).sum()) <= len(s) // 4:
             fit = _fit_knee_once(s, t, r <= limit, below_slope=below_slope, knee=knee)
@@ -395,7 +399,7 @@ def calibrate(
     return Calibration(
         world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, sizes_bytes=list(sizes), measured_us=med,
         a_us=a, b_us_per_byte=b, floor_us=floor, b0_us_per_byte=b0, where=where, notes=notes,
-        link=_ring_link(max(a + floor - b0 * floor / b, 0.0), b, world),
+        link=_ring_link(max(float(knee_us(0.0, a, b, floor, b0)), 0.0), b, world),
         cpu_allreduce_us=[c[0] for _, c in cpu], cpu_p2p_us=[c[1] for _, c in cpu],
         cpu_sizes_bytes=[s for s, _ in cpu], busy_slowdown=[max(1.0, c[3] / c[2]) for _, c in cpu],
         stolen_us=[c[4] for _, c in cpu] if all(len(c) >= 5 for _, c in cpu) else [],
