@@ -44,6 +44,9 @@ SCHEDULE_SET: tuple[tuple[str, int], ...] = (
 )
 """(schedule, stages per rank) measured by default: single-stage and two-stage (interleaved, V) ones."""
 
+PROBE_RUNS = 3
+"""runs of the hollow model per microbatch count in the runtime probe (``_probe_p2p_overhead_us``)"""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PipeCase:
@@ -258,10 +261,13 @@ def _probe_p2p_overhead_us(
     """The pipeline runtime's own cost on this host and link, beyond the calibrated transfers and their
     host CPU, as ``(per send or receive, per step)`` in µs: run the schedule with the most
     point-to-point actions on the zoo's *hollow* transformer (same activations, almost no compute) at
-    the smallest and the largest microbatch count, predict both the same way, and fit the differences
+    the smallest and the largest microbatch count (the median of ``PROBE_RUNS`` runs each), predict
+    both the same way, and fit the differences
     with a cost per step plus a cost per SEND/RECV action (both >= 0; one count: per action only). A
     property of the runtime, host and link, measured on a model other than the one predicted, like the
     collective calibration."""
+    import statistics
+
     from trainsim.capture.layerprofile import profile_layers
     from trainsim.run.pipeline import PipeRunConfig, run_pipeline
     from trainsim.transform.pipeline import PipeSpec, predict_pipeline
@@ -275,15 +281,18 @@ def _probe_p2p_overhead_us(
         spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
         hollow = profile_layers(case.model, batch_sizes=(case.batch_size // m,), reps=20, zoo={**case.zoo(), "hollow": True})
         pred = predict_pipeline(hollow, spec, batch_size=case.batch_size, link=link, split=split, slowdown=slowdown).step_ms
-        res = run_pipeline(
-            PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m, batch_size=case.batch_size,
-                          split=tuple(split), blocks=case.blocks, steps=steps, warmup=warmup, hollow=True),
-            popen=popen, master=master, port=random.randint(20000, 60000),
-        )  # fmt: skip
+        cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
+                            batch_size=case.batch_size, split=tuple(split), blocks=case.blocks, steps=steps,
+                            warmup=warmup, hollow=True)  # fmt: skip
+        # a single run of the hollow model moved by 20 % between probes minutes apart (56.6 and 67.0 ms
+        # at M = 16), and every message of every prediction inherits it: the median of a few runs
+        runs = [run_pipeline(cfg, popen=popen, master=master, port=random.randint(20000, 60000))["step_ms"]
+                for _ in range(PROBE_RUNS)]  # fmt: skip
+        meas = statistics.median(runs)
         n = comm_actions(spec)
-        points.append((n, (res["step_ms"] - pred) * 1e3))
+        points.append((n, (meas - pred) * 1e3))
         log(f"runtime probe ({name}/{spr}, M={m}, hollow model): predicted {pred:.1f} ms, measured "
-            f"{res['step_ms']:.1f} ms, {n} sends/receives per step")  # fmt: skip
+            f"{meas:.1f} ms (median of {' / '.join(f'{r:.1f}' for r in runs)}), {n} sends/receives per step")  # fmt: skip
     per_msg, per_step = _fit_runtime_cost(points)
     log(f"runtime cost beyond the model: {per_msg:.0f} us per send/receive + {per_step / 1e3:.1f} ms per step")
     return per_msg, per_step
