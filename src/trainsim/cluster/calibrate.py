@@ -11,11 +11,11 @@ Algorithm:
 2. for sizes from 1 KiB up to ``max_bytes`` (x4 apart) time all-reduces (each after a barrier,
    warm-up discarded): ``reps`` of them, then more until about ``budget_s`` of all-reduce time per
    size (at most ``MAX_REPS``), in ``ROUNDS`` interleaved rounds over the sizes (a load burst on the
-   host then hits part of every size instead of all of a few), and keep the **mean**. A training step pays the sum of its
-   collectives, so the mean is the statistic it sees. The median would hide the tail: on a 2-vCPU
-   machine running 2 ranks, gloo's hand-off between its socket thread and its worker thread waits for
-   a scheduler time slice in 10-40 % of small all-reduces (about 4 ms instead of 0.3-0.5 ms), and
-   the median of a few repetitions landed on either mode;
+   host then hits part of every size instead of all of a few), and keep the **mean**. A training
+   step pays the sum of its collectives, so the mean is the statistic it sees. The median would hide
+   the tail: on a 2-vCPU machine running 2 ranks, gloo's hand-off between its socket thread and its
+   worker thread waits for a scheduler time slice in 10-40 % of small all-reduces (about 4 ms instead
+   of 0.3-0.5 ms), and the median of a few repetitions landed on either mode;
 3. fit ``t(S) = a + max(floor + b0 (S - c), b S)``, ``c = floor / b``, minimising the *relative*
    squared error (``fit_knee``: a slope ``b`` above the knee ``c``, a smaller one ``b0`` below it), and
    turn it into the ring model's constants: the time at 0 bytes is ``2(p-1) alpha`` and
