@@ -1,0 +1,116 @@
+"""A gloo all-gather in flight while both ranks compute, against the same all-gather waited on idle.
+
+    python benchmarks/cluster_busy_collective.py                    # 100 Mbit/s, 16 KiB-1 MiB, ~2 min
+    python benchmarks/cluster_busy_collective.py --rate 1000 --delay 0
+
+Two ranks in network namespaces joined by a shaped link (``trainsim.validate.netns``). Per size, in
+alternating rounds: *idle*, both ranks post the all-gather and wait for it; *busy*, both post it and
+then run matrix multiplies for 60 ms before waiting. The time is from posting to the moment the
+future's callback ran (on gloo's thread), as rank 0 sees it. The difference is what a transfer pays
+for being in flight while the ranks compute on a host whose cores they share with gloo's threads.
+The calibration's all-gather line is timed the idle way. Writes the ``busy_collective`` section of
+docs/benchmarks/cluster.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+BUSY_MS = 60.0
+ROUNDS = 4
+REPS = 20
+
+
+def _stamp(into: list[float], _fut: object) -> None:
+    into.append(time.perf_counter())
+
+
+def _worker(sizes: list[int]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def compute(ms: float) -> None:
+        t = time.perf_counter()
+        while (time.perf_counter() - t) * 1e3 < ms:
+            torch.mm(a, b)
+
+    out: dict[str, dict[str, list[float]]] = {str(s): {"idle": [], "busy": []} for s in sizes}
+    for _ in range(ROUNDS):
+        for size in sizes:
+            x = torch.ones(max(1, size // 4))
+            buf = torch.empty(2 * x.numel())
+            for mode in ("idle", "busy"):
+                for _ in range(REPS):
+                    dist.barrier()
+                    done: list[float] = []
+                    t0 = time.perf_counter()
+                    work = dist.all_gather_into_tensor(buf, x, async_op=True)
+                    fut = work.get_future().then(partial(_stamp, done))
+                    if mode == "busy":
+                        compute(BUSY_MS)
+                    work.wait()
+                    fut.wait()
+                    out[str(size)][mode].append((done[0] - t0) * 1e3)
+    if dist.get_rank() == 0:
+        print(json.dumps(out), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=100.0, help="link rate, Mbit/s")
+    ap.add_argument("--delay", type=float, default=0.0, help="added one-way latency, ms")
+    ap.add_argument("--sizes", default="16384,65536,262144,1048576", help="bytes per rank, comma-separated")
+    args = ap.parse_args()
+    from cluster_common import command_line, stamp, write_section
+    from trainsim.validate.launch import launch
+    from trainsim.validate.netns import Netns
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    head = stamp(command_line())
+    with Netns(2, rate_mbit=args.rate, delay_ms=args.delay) as net:
+        outs = launch(2, [__file__, "--worker", ",".join(map(str, sizes))], net=net, timeout_s=900)
+    data = json.loads(outs[0].strip().splitlines()[-1])
+    lines = [
+        f"## A gloo all-gather while both ranks compute ({args.rate:g} Mbit/s, +{args.delay:g} ms)",
+        "",
+        head,
+        "",
+        f"Per size {ROUNDS} rounds x {REPS} all-gathers each way (2 processes, one thread each); time from "
+        f"posting to the future's callback on rank 0; *busy*: both ranks multiply matrices for {BUSY_MS:g} ms "
+        "right after posting.",
+        "",
+        "| bytes per rank | idle mean ms | idle median ms | busy mean ms | busy median ms | busy - idle (means) ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in sizes:
+        idle, busy = data[str(s)]["idle"], data[str(s)]["busy"]
+        mi, mb = statistics.fmean(idle), statistics.fmean(busy)
+        lines.append(
+            f"| {s:,} | {mi:.2f} | {statistics.median(idle):.2f} | {mb:.2f} | {statistics.median(busy):.2f} "
+            f"| {mb - mi:+.2f} |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    write_section("busy_collective", text)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker" and "RANK" in os.environ:
+        _worker([int(s) for s in sys.argv[2].split(",")])
+        sys.stdout.flush()
+        os._exit(0)  # skip gloo's teardown (its threads can abort at exit on torch 2.13)
+    sys.exit(main())
