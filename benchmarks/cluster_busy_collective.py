@@ -1,6 +1,6 @@
 """A gloo all-gather in flight while both ranks compute, against the same all-gather waited on idle.
 
-    python benchmarks/cluster_busy_collective.py                    # 100 Mbit/s, 16 KiB-1 MiB, ~2 min
+    python benchmarks/cluster_busy_collective.py                    # 100 Mbit/s, 16 KiB-1 MiB, under a minute
     python benchmarks/cluster_busy_collective.py --rate 1000 --delay 0
 
 Two ranks in network namespaces joined by a shaped link (``trainsim.validate.netns``). Per size, in

@@ -263,9 +263,8 @@ def _probe_p2p_overhead_us(
     point-to-point actions on the zoo's *hollow* transformer (same activations, almost no compute) at
     the smallest and the largest microbatch count (the median of ``PROBE_RUNS`` runs each), predict
     both the same way, and fit the differences with a cost per step plus a cost per SEND/RECV action
-    (both >= 0; one count: per action only). A
-    property of the runtime, host and link, measured on a model other than the one predicted, like the
-    collective calibration."""
+    (both >= 0; one count: per action only). A property of the runtime, host and link, measured on a
+    model other than the one predicted, like the collective calibration."""
     import statistics
 
     from trainsim.capture.layerprofile import profile_layers
