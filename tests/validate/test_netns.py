@@ -9,6 +9,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trainsim.errors import UserError
 from trainsim.validate import netns
@@ -41,6 +43,35 @@ def test_bad_arguments() -> None:
         Netns(2, rate_mbit=0)
     with pytest.raises(UserError, match="delay_ms"):
         Netns(2, delay_ms=-1)
+
+
+@given(rate=st.floats(1.0, 100_000.0), mtu=st.sampled_from([netns.ETH_MTU, netns.DELAY_LINE_MTU]))
+def test_gso_packets_fit_the_shapers_bucket(rate: float, mtu: int) -> None:
+    g = netns.gso_bytes(rate, mtu)
+    if g != netns.GSO_DEFAULT:  # tbf must never have to cut a packet into frames
+        assert 2 * (g + netns.GSO_HEADROOM) <= netns._burst_bytes(rate, mtu)
+        assert g >= 2 * mtu
+    else:  # only where the bucket is too small for two packets of two frames each
+        assert netns._burst_bytes(rate, mtu) // 2 - netns.GSO_HEADROOM < 2 * mtu
+    assert netns.gso_bytes(None, mtu) == netns.GSO_DEFAULT
+
+
+@pytest.mark.netns
+@needs_netns
+def test_fast_link_carries_its_rate() -> None:
+    # with 64 KiB packets tbf cut every one into frames on the CPU, and this VM's 1 Gbit/s link carried
+    # 0.76-0.82 Gbit/s; with packets that fit its bucket, 0.95
+    with Netns(2, rate_mbit=1000) as net:
+        shown = subprocess.run(["ip", "-n", net.names[0], "-d", "link", "show", net.ifname],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert f"gso_max_size {netns.gso_bytes(1000, net.mtu)} " in shown
+        net.popen(1, [sys.executable, "-c", SERVER, net.addr(1)])
+        time.sleep(0.5)
+        size = 60_000_000
+        out = net.run(0, [sys.executable, "-c", CLIENT, net.addr(1), str(size)], timeout=60)
+        n, secs = out.stdout.split()
+        assert int(n) == size
+        assert 0.85e9 < size * 8 / float(secs) < 1.0e9
 
 
 @pytest.mark.netns

@@ -53,3 +53,15 @@ def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> N
     run = out["runs"][0]
     # the prediction used the co-run factor measured just before; without it, it is never slower
     assert run["corun_factor"] >= 1.0 and run["predicted_no_corun_ms"] <= run["predicted_ms"] * 1.01
+
+
+@pytest.mark.multiproc
+def test_corun_steps_bracket_the_copies_with_runs_alone() -> None:
+    from trainsim.run.ooo_dp import DpRunConfig
+    from trainsim.validate.ooo import corun_steps
+
+    cfg = DpRunConfig(mode="ooo", k=0, world_size=1, model="mlp", batch_size=8, steps=3, warmup=1)
+    alone, both = corun_steps(cfg)
+    assert len(alone) == 2 * cfg.steps  # one run alone before the copies, one after
+    assert [len(b) for b in both] == [cfg.steps, cfg.steps]
+    assert min(alone + both[0] + both[1]) > 0

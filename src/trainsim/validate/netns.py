@@ -11,7 +11,9 @@ node ``i`` has interface ``eth0`` with address ``10.213.i.2/24`` (private range,
 the namespaces made here) and a veth link to the hub. ``topology="bridge"`` puts the nodes on one
 L2 bridge in the hub instead (``10.213.0.{i+1}/24``). Every link is shaped in both directions:
 
-- rate: ``tbf`` on both ends of each veth, so each node has an up- and a down-link of ``rate_mbit``;
+- rate: ``tbf`` on both ends of each veth, so each node has an up- and a down-link of ``rate_mbit``,
+  with TCP's packets no larger than two fit in tbf's bucket (``gso_bytes``), so the shaper never cuts
+  them into frames on the CPU (a NIC does that in hardware);
 - delay: one-way latency ``delay_ms`` added between any two nodes (ping RTT grows by ``2 * delay_ms``),
   with ``netem`` on each node's egress when the kernel has it, otherwise with a small user-space delay
   line in the hub (a TUN device that holds each forwarded packet for ``delay_ms``; star topology only).
@@ -50,6 +52,8 @@ ETH_MTU = 1500
 """MTU of the links (bytes) unless the user-space delay line is in use."""
 DELAY_LINE_MTU = 9000
 """MTU with the delay line: jumbo frames keep it at ~1.4k packets/s per 100 Mbit/s (bytes)."""
+GSO_DEFAULT = 65536
+"""the kernel's ``gso_max_size`` of a veth (bytes)"""
 
 _LIVE: set[Netns] = set()
 _LOCK = threading.Lock()
@@ -329,6 +333,9 @@ class Netns:
             hub_if = f"{self._short}h{i}"
             _sh(["tc", "-n", ns, "qdisc", "del", "dev", self.ifname, "root"], check=False)
             _sh(["tc", "-n", self.hub, "qdisc", "del", "dev", hub_if, "root"], check=False)
+            gso = str(gso_bytes(self.rate_mbit, self.mtu))
+            _sh(["ip", "-n", ns, "link", "set", self.ifname, "gso_max_size", gso])
+            _sh(["ip", "-n", self.hub, "link", "set", hub_if, "gso_max_size", gso])
             parent_node: list[str] = ["root"]
             if use_netem:
                 _sh(["tc", "-n", ns, "qdisc", "add", "dev", self.ifname, "root", "handle", "1:", "netem",
@@ -382,10 +389,31 @@ def _check_shape(rate_mbit: float | None, delay_ms: float) -> None:
         raise UserError(f"netns: delay_ms={delay_ms!r}; expected a one-way latency >= 0 ms")
 
 
+GSO_HEADROOM = 128
+"""bytes of headers a GSO packet carries beyond ``gso_max_size`` of payload, rounded up"""
+
+
+def _burst_bytes(rate_mbit: float, mtu: int) -> int:
+    """tbf's bucket: two max-size frames, or 200 us of tokens at high rates (small, so that a
+    transfer's start is not a burst)."""
+    return int(max(2 * (mtu + 14), rate_mbit * 1e6 / 8 * 200e-6))
+
+
+def gso_bytes(rate_mbit: float | None, mtu: int) -> int:
+    """``gso_max_size`` of the shaped interfaces: the largest packet TCP hands the link, two of which
+    fit in tbf's bucket. A larger one (the kernel's default is 64 KiB) is cut into frames by tbf on the
+    CPU, which held a 1 Gbit/s link at 0.76-0.82 Gbit/s with ~1.5 s of CPU per 300 MB on this project's
+    2-core VM (0.95 Gbit/s and 0.17 s with this size; docs/cluster.md); a real NIC does that
+    segmentation in hardware. Unshaped, or where the bucket holds less than four frames (below ~250
+    Mbit/s, where the cutting costs little): the kernel's default (with one frame per packet, a 100 Mbit/s
+    link carried 84 Mbit/s instead of 95)."""
+    g = _burst_bytes(rate_mbit, mtu) // 2 - GSO_HEADROOM if rate_mbit is not None else 0
+    return g if g >= 2 * mtu else GSO_DEFAULT
+
+
 def _tbf_args(rate_mbit: float, mtu: int) -> list[str]:
     rate_bytes = rate_mbit * 1e6 / 8
-    # >= two max-size frames, or 200 us of tokens at high rates: small, so a transfer's start is not a burst
-    burst = int(max(2 * (mtu + 14), rate_bytes * 200e-6))
+    burst = _burst_bytes(rate_mbit, mtu)
     limit = int(max(8 * burst, rate_bytes * 0.5, 4 << 20))  # deep queue: shaping drops nothing, TCP sees no loss
     return ["tbf", "rate", f"{rate_mbit * 1000:.0f}kbit", "burst", str(burst), "limit", str(limit)]
 

@@ -112,16 +112,22 @@ def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]
 
 def corun_steps(cfg: Any, copies: int = 2) -> tuple[list[float], list[list[float]]]:
     """Step times (ms) of the one-rank run ``cfg`` (a ``DpRunConfig`` with ``world_size=1``: no
-    communication) alone, then of ``copies`` of it at once, as ranks sharing this host run."""
+    communication) alone, and of ``copies`` of it at once, as ranks sharing this host run. The runs
+    alone come before and after the copies (both returned, in that order): a host that drifts, or a
+    burst of load during one run, then moves both sides of the ratio the caller takes, not one (a
+    single pair once gave a co-run factor of 1.57 where the microbatch sizes beside it gave 1.00)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from trainsim.run.ooo_dp import run_dp
 
-    alone = run_dp(cfg, port=random.randint(20000, 60000))["ranks"][0]["step_ms"]
+    def alone() -> list[float]:
+        return list(run_dp(cfg, port=random.randint(20000, 60000))["ranks"][0]["step_ms"])
+
+    before = alone()
     with ThreadPoolExecutor(copies) as pool:
         futures = [pool.submit(run_dp, cfg, port=random.randint(20000, 60000)) for _ in range(copies)]
         both = [f.result()["ranks"][0]["step_ms"] for f in futures]
-    return alone, both
+    return before + alone(), both
 
 
 def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> HostTerms:
