@@ -402,11 +402,11 @@ def _burst_bytes(rate_mbit: float, mtu: int) -> int:
 def gso_bytes(rate_mbit: float | None, mtu: int) -> int:
     """``gso_max_size`` of the shaped interfaces: the largest packet TCP hands the link, two of which
     fit in tbf's bucket. A larger one (the kernel's default is 64 KiB) is cut into frames by tbf on the
-    CPU, which held a 1 Gbit/s link at 0.76-0.82 Gbit/s with ~1.5 s of CPU per 300 MB on this project's
-    2-core VM (0.95 Gbit/s and 0.17 s with this size; docs/cluster.md); a real NIC does that
-    segmentation in hardware. Unshaped, or where the bucket holds less than four frames (below ~250
-    Mbit/s, where the cutting costs little): the kernel's default (with one frame per packet, a 100 Mbit/s
-    link carried 84 Mbit/s instead of 95)."""
+    CPU, which held a 1 Gbit/s link at 730 Mbit/s with 5.5 ms of sender CPU per MB on this project's
+    2-core VM (943 Mbit/s and 0.74 ms/MB with this size: ``benchmarks/cluster_link.py``); a real NIC
+    does that segmentation in hardware. Unshaped, or where the bucket holds less than four frames
+    (below ~250 Mbit/s): the kernel's default, since one frame per packet lowered a 100 Mbit/s link to
+    84 Mbit/s (95 with the default)."""
     g = _burst_bytes(rate_mbit, mtu) // 2 - GSO_HEADROOM if rate_mbit is not None else 0
     return g if g >= 2 * mtu else GSO_DEFAULT
 
