@@ -156,7 +156,7 @@ def main() -> int:
         "|---|---|---:|---:|---:|" + "---:|" * len(SIZES),
     ]
     for (rate, name), rs in results.items():
-        gso = netns.GSO_DEFAULT if name.startswith("kernel") else ours(rate, netns.ETH_MTU)
+        gso = settings[name](rate, netns.ETH_MTU)
         msgs = [statistics.median(r.message_ms[s] for r in rs) for s in SIZES]
         lines.append(
             f"| {rate:g} Mbit/s | {name}: {gso:,} B | {statistics.median(r.mbit_s for r in rs):.0f} | "
