@@ -1,6 +1,6 @@
 """Data-parallel step-time prediction vs real 2-process DDP / P3 runs on shaped links.
 
-    python benchmarks/cluster_dp_validate.py            # the full set (14 configurations, ~10 min)
+    python benchmarks/cluster_dp_validate.py            # the full set (14 configurations x 3 passes, ~20 min)
     python benchmarks/cluster_dp_validate.py --quick    # 2 configurations, < 1 min
 
 Runs ``trainsim.validate.dp.run_harness`` (what ``trainsim validate dp`` runs), writes the table to the
@@ -60,6 +60,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--passes", type=int, default=3, help="runs per configuration (median); 1 with --quick")
     args = ap.parse_args()
     from trainsim.validate.dp import FULL, QUICK, run_harness, summary
 
@@ -69,6 +70,7 @@ def main() -> int:
     results, notes = run_harness(
         configs, steps=4 if args.quick else args.steps, warmup=2 if args.quick else 3, reps=3 if args.quick else 5,
         log=lambda s: print(f"{time.monotonic() - t0:7.1f}s {s}", flush=True),
+        passes=1 if args.quick else args.passes,
     )  # fmt: skip
     out = summary(results)
     rows = out["runs"]
@@ -84,13 +86,16 @@ def main() -> int:
         "all-reduce on the emulated link, predict with `data_parallel` + `simulate`, then run real 2-process",
         "training (torch DDP over gloo, or the P3-style runtime of `trainsim.validate.dp_worker`), each process",
         "in its own network namespace, links shaped with tc tbf (+ the delay line for latency; this kernel has",
-        "no netem). Measured = median step time over the measured steps (after warm-up). *Predicted* includes",
-        "the co-run factor (the plain loop's step time with 2 copies at once / alone, no communication),",
-        "measured again just before each run because the shared host's speed drifts between runs;",
-        "*profile alone* is the prediction from the one-process profile only.",
+        "no netem). A run's measurement is its median step time over the measured steps (after warm-up).",
+        "*Predicted* includes the co-run factor (the plain loop's step time with 2 copies at once / alone, no",
+        "communication), measured again just before each run because the shared host's speed drifts between",
+        "runs; *profile alone* is the prediction from the one-process profile only. Each configuration is",
+        "predicted and run once per pass, every configuration of a link once per pass, the passes one after",
+        "the other; the table gives the median over the passes of the predictions and of the measurements",
+        "(*passes*: each pass's predicted / measured ms).",
         "",
-        "| model | link | added latency | mode | predicted ms | measured ms | error | profile alone ms | error |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        "| model | link | added latency | mode | predicted ms | measured ms | error | profile alone ms | error | passes (predicted / measured ms) |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         c = r["config"]
@@ -98,7 +103,8 @@ def main() -> int:
         alone_err = 100 * (r["predicted_alone_ms"] - r["measured_ms"]) / r["measured_ms"]
         lines.append(
             f"| {c['model']} | {rate} | {c['delay_ms']:g} ms | {c['mode']} | {r['predicted_ms']:.1f} | "
-            f"{r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | {r['predicted_alone_ms']:.1f} | {alone_err:+.1f}% |"
+            f"{r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | {r['predicted_alone_ms']:.1f} | {alone_err:+.1f}% | "
+            + ", ".join(f"{p['predicted_ms']:.1f} / {p['measured_ms']:.1f}" for p in r.get("passes", [])) + " |"
         )
     alone = [abs(100 * (r["predicted_alone_ms"] - r["measured_ms"]) / r["measured_ms"]) for r in rows]
     lines += [

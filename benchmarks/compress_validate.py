@@ -1,6 +1,6 @@
 """Compressed vs plain DDP on emulated links: measured step time and the what-if's prediction.
 
-    .venv/bin/python benchmarks/compress_validate.py            # mlp at 20, 100, 1000 Mbit/s; ~5-10 min
+    .venv/bin/python benchmarks/compress_validate.py            # mlp at 20, 100, 1000 Mbit/s, 3 passes; ~20 min
     .venv/bin/python benchmarks/compress_validate.py --quick    # 2 runs at 100 Mbit/s
 
 Runs ``trainsim.validate.compress.run_harness`` (the code behind ``trainsim validate compress``): 2
@@ -32,11 +32,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--passes", type=int, default=3, help="runs per configuration (median); 1 with --quick")
     args = ap.parse_args()
+    passes = 1 if args.quick else args.passes
     t0 = time.perf_counter()
     configs = list(QUICK if args.quick else FULL)
     results, notes = run_harness(
-        configs, steps=20, warmup=2, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True)
+        configs, steps=20, warmup=2, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True), passes=passes
     )
     out = summary(results)
     lines = [
@@ -48,15 +50,18 @@ def main() -> int:
         f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.perf_counter() - t0:.0f} s.  ",
         "Model mlp (zoo, ~2.4M parameters), 2 gloo processes with one thread each, batch 32, median of 20 steps "
         "(a third of them where a step takes over a second) after 2 warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
-        "-> simulator.",
+        f"-> simulator. Each configuration is predicted and run once per pass ({passes} passes, every "
+        "configuration of a link once per pass, the co-run factor measured again before each run); the table "
+        "gives the medians over the passes, *passes* each pass's predicted / measured ms.",
         "",
-        "| run | predicted ms | measured ms | error % | ranks in sync |",
-        "|---|---:|---:|---:|:-:|",
+        "| run | predicted ms | measured ms | error % | ranks in sync | passes (predicted / measured ms) |",
+        "|---|---:|---:|---:|:-:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.config.label()} | {r.predicted_ms:.1f} | {r.measured_ms:.1f} | {r.error_pct:+.1f} | "
-            f"{'yes' if r.params_in_sync else 'NO'} |"
+            f"{'yes' if r.params_in_sync else 'NO'} | "
+            + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in r.passes) + " |"
         )
     lines.append(f"\nmean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%.")
     by_rate: dict[float | None, dict[str, float]] = {}

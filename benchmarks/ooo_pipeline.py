@@ -1,6 +1,6 @@
 """Every pipeline schedule on 2 processes, 4/8/16 microbatches: predicted vs measured, and the ranking.
 
-    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts x 3 passes, 16 steps, ~6 min
+    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts x 3 passes, 16 steps, ~10 min
     python benchmarks/ooo_pipeline.py --quick   # 3 schedules at M=4, ~1 min
 
 Runs ``trainsim.validate.pipeline.run_pipeline_validation`` (transformer with 6 blocks, batch 32,
@@ -44,8 +44,12 @@ def main() -> int:
         "## Pipeline schedules (2 processes, transformer, 1000 Mbit/s links)",
         "",
         head,
+        "Each pass measures the co-run factor of each microbatch size again, predicts with it and runs every",
+        "schedule of that size; *predicted* and *measured* are the medians over the passes (*passes*: each",
+        "pass's predicted / measured ms; *co-run factor*: the median of the passes' readings).",
+        "",
         "| schedule / stages per rank | M | split (layers per stage) | predicted ms | measured ms (median of the "
-        "passes, each the time per step over its window) | error | passes ms | runtime overhead us/action | co-run factor | predicted without co-run ms | "
+        "passes, each the time per step over its window) | error | passes (predicted / measured ms) | runtime overhead us/action | co-run factor | predicted without co-run ms | "
         "predicted, slowdown in full ms | error |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -57,7 +61,8 @@ def main() -> int:
         lines.append(
             f"| {c['label']} | {c['microbatches']} | {','.join(map(str, c['split']))} | "
             f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | "
-            f"{' / '.join(f'{v:.1f}' for v in r['passes_ms'])} | {r['action_overhead_us']:.0f} | {r.get('corun_factor', 1.0):.3f} | "
+            + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in zip(r["passes_predicted_ms"], r["passes_ms"], strict=True))
+            + f" | {r['action_overhead_us']:.0f} | {r.get('corun_factor', 1.0):.3f} | "
             f"{r.get('predicted_no_corun_ms', float('nan')):.1f} | {alt:.1f} | {alt_err[-1]:+.1f}% |"
         )
     rk = out["ranking"]

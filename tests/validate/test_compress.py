@@ -20,6 +20,21 @@ def test_summary_shape_matches_validate_dp() -> None:
     assert {"config", "predicted_ms", "measured_ms", "error_pct"} <= set(run)
 
 
+def test_median_of_passes_by_hand() -> None:
+    from trainsim.validate.compress import _median_of_passes
+
+    c = RunConfig(rate_mbit=100.0, algorithm="onebit")
+    one = RunResult(c, 40.0, 50.0, [50.0], "netns")
+    assert _median_of_passes([one]) is one
+    runs = [RunResult(c, p, m, [m], "netns", ok) for p, m, ok in
+            ((40.0, 50.0, True), (44.0, 80.0, True), (42.0, 52.0, False))]  # fmt: skip
+    r = _median_of_passes(runs)
+    assert (r.predicted_ms, r.measured_ms, r.measured_steps_ms) == (42.0, 52.0, [52.0])
+    assert not r.params_in_sync  # one pass out of sync is reported
+    assert summary([r])["runs"][0]["passes"] == [{"predicted_ms": p, "measured_ms": m} for p, m in
+                                                 ((40.0, 50.0), (44.0, 80.0), (42.0, 52.0))]  # fmt: skip
+
+
 def test_run_sets() -> None:
     rates = {c.rate_mbit for c in FULL}
     assert rates == {20.0, 100.0, 1000.0}
@@ -33,7 +48,7 @@ def test_run_sets() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(["--model", "nope"], "unknown model 'nope'"), (["--algorithm", "nope"], "unknown compression algorithm"),
-     (["--steps", "0"], "steps=0")],
+     (["--steps", "0"], "steps=0"), (["--passes", "0"], "--passes 0")],
 )  # fmt: skip
 def test_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "compress", *argv]) == 2

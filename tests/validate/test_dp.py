@@ -62,10 +62,13 @@ def test_no_rights_falls_back_to_loopback(monkeypatch: pytest.MonkeyPatch) -> No
     from trainsim.validate import netns
 
     monkeypatch.setattr(netns, "netns_unavailable", lambda: "creating network namespaces needs root")
-    results, notes = run_harness([RunConfig(model="cnn", rate_mbit=50, mode="p3")], steps=2, warmup=2, reps=2)
+    results, notes = run_harness(
+        [RunConfig(model="cnn", rate_mbit=50, mode="p3")], steps=2, warmup=2, reps=2, passes=2
+    )
     assert any("needs root" in n for n in notes)
     (r,) = results
     assert r.where == "loopback" and r.params_in_sync and r.measured_ms > 0 and r.predicted_ms > 0
+    assert len(r.passes) == 2 and r.measured_ms == pytest.approx(sum(m for _, m in r.passes) / 2)
 
 
 def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,6 +77,8 @@ def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "dp", "--rate", "0"]) == 2
     assert main(["validate", "dp", "--rate", "-5"]) == 2
     assert main(["validate", "dp", "--delay", "-1"]) == 2
+    assert main(["validate", "dp", "--passes", "0"]) == 2
+    assert "--passes 0" in capsys.readouterr().err
 
 
 def test_json_shape_from_summary() -> None:
@@ -90,6 +95,21 @@ def test_runtime_overhead_one_process() -> None:
     assert data["plain_ms"] > 0 and data["ddp_ms"] > 0 and data["p3_ms"] > 0
     assert data["overhead_ms"] == pytest.approx(max(0.0, data["ddp_ms"] - data["plain_ms"]))
     assert data["p3_overhead_ms"] == pytest.approx(max(0.0, data["p3_ms"] - data["p3_plain_ms"]))
+
+
+def test_median_of_passes_by_hand() -> None:
+    from trainsim.validate.dp import RunResult, _median_of_passes
+
+    c = RunConfig(model="cnn", rate_mbit=50)
+
+    def run(pred: float, meas: float) -> RunResult:
+        return RunResult(c, pred, meas, [meas], {}, "netns", {"corun": pred}, True, pred + 1)
+
+    assert _median_of_passes([run(1.0, 2.0)]).passes == ()
+    r = _median_of_passes([run(90.0, 100.0), run(95.0, 300.0), run(99.0, 105.0)])
+    assert (r.predicted_ms, r.measured_ms, r.predicted_alone_ms) == (95.0, 105.0, 96.0)
+    assert r.single_ms == {"corun": 99.0}  # the host figures of the median pass
+    assert [p["measured_ms"] for p in r.to_json()["passes"]] == [100.0, 300.0, 105.0]
 
 
 def test_straggler_wait_by_hand() -> None:

@@ -35,6 +35,8 @@ def test_ranking_check_only_counts_clear_gaps() -> None:
         (["validate", "pipeline", "--microbatches", "5"], "does not divide the batch size 32"),
         (["validate", "pipeline", "--schedule", "Nope"], "unknown schedule"),
         (["validate", "ooo-dp", "--model", "mlp", "--k", "9"], "has 4 layers"),
+        (["validate", "ooo-dp", "--passes", "0"], "--passes 0"),
+        (["validate", "pipeline", "--passes", "0"], "--passes 0"),
     ],
 )
 def test_bad_input_exits_2_before_running(
@@ -47,12 +49,30 @@ def test_bad_input_exits_2_before_running(
 @pytest.mark.netns
 @pytest.mark.multiproc
 def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", "pipeline", "--quick", "--json", "--schedule", "1F1B", "--steps", "2"]) == 0
+    argv = ["validate", "pipeline", "--quick", "--json", "--schedule", "1F1B", "--steps", "2", "--passes", "2"]
+    assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["runs"]) == 1 and out["runs"][0]["measured_ms"] > 0
     run = out["runs"][0]
+    # two passes, each with its own co-run reading and prediction; the row reports their medians
+    assert len(run["passes_ms"]) == len(run["passes_predicted_ms"]) == len(run["passes_corun_factor"]) == 2
+    assert run["predicted_ms"] == pytest.approx(sum(run["passes_predicted_ms"]) / 2, abs=1e-3)
     # the prediction used the co-run factor measured just before; without it, it is never slower
     assert run["corun_factor"] >= 1.0 and run["predicted_no_corun_ms"] <= run["predicted_ms"] * 1.01
+
+
+@pytest.mark.netns
+@pytest.mark.multiproc
+def test_ooo_dp_validation_in_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["validate", "ooo-dp", "--model", "mlp", "--blocks", "2", "--rate", "200", "--k", "1", "--steps", "2",
+            "--passes", "2", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["config"]["mode"] for r in out["runs"]] == ["ddp-order", "reverse-first-k"]
+    for r in out["runs"]:
+        assert len(r["passes_ms"]) == 2 and r["measured_ms"] == pytest.approx(sum(r["passes_ms"]) / 2, abs=1e-3)
+    (s,) = out["speedups"]
+    assert s["passes"] == 2 and s["measured_speedup"] > 0 and s["torch_ddp_ms"] > 0
 
 
 @pytest.mark.multiproc

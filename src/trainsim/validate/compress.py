@@ -85,6 +85,8 @@ class RunResult:
     measured_steps_ms: list[float]
     where: str
     params_in_sync: bool = True
+    passes: tuple[tuple[float, float], ...] = ()
+    """``(predicted, measured)`` ms of each pass where there were several (``run_harness(passes=)``)"""
 
     @property
     def error_pct(self) -> float:
@@ -99,7 +101,9 @@ class RunResult:
             "measured_steps_ms": [round(x, 3) for x in self.measured_steps_ms],
             "where": self.where,
             "params_in_sync": self.params_in_sync,
-        }
+            **({"passes": [{"predicted_ms": round(a, 3), "measured_ms": round(b, 3)} for a, b in self.passes]}
+               if self.passes else {}),
+        }  # fmt: skip
 
 
 def _link(rate: float | None, delay: float) -> str:
@@ -148,6 +152,22 @@ def _plan_file(
     return path
 
 
+def _median_of_passes(runs: list[RunResult]) -> RunResult:
+    """One result for a configuration measured in several passes: the median predicted and measured
+    step times over the passes, the steps of the pass whose measurement is that median (the upper one
+    of an even count), every pass's pair in ``passes``; a single pass is returned as it is."""
+    if len(runs) == 1:
+        return runs[0]
+    mid = sorted(runs, key=lambda r: r.measured_ms)[len(runs) // 2]
+    return dataclasses.replace(
+        mid,
+        predicted_ms=float(statistics.median(r.predicted_ms for r in runs)),
+        measured_ms=float(statistics.median(r.measured_ms for r in runs)),
+        params_in_sync=all(r.params_in_sync for r in runs),
+        passes=tuple((r.predicted_ms, r.measured_ms) for r in runs),
+    )
+
+
 def run_harness(
     configs: list[RunConfig],
     *,
@@ -155,8 +175,11 @@ def run_harness(
     warmup: int = 2,
     reps: int = 3,
     log: Callable[[str], None] = lambda s: None,
+    passes: int = 1,
 ) -> tuple[list[RunResult], list[str]]:
-    """Profile, calibrate, predict and measure every configuration; return results and notes."""
+    """Profile, calibrate, predict and measure every configuration; return results and notes.
+    ``passes``: predict and measure each configuration that many times, every configuration of a link
+    once per pass, and report the medians (``_median_of_passes``)."""
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.compress.secopa import Plan
     from trainsim.models.zoo import build
@@ -168,6 +191,8 @@ def run_harness(
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, netns_unavailable
 
+    if passes < 1:
+        raise UserError(f"validate compress: passes={passes}; expected >= 1")
     notes: list[str] = []
     reason = netns_unavailable()
     if reason is not None:
@@ -215,48 +240,61 @@ def run_harness(
                 p2p_us, p2p_us_per_byte = cal.p2p_line()
                 log(f"  point-to-point: {p2p_us:.0f} us + {p2p_us_per_byte * 1e3:.2f} us/KB, "
                     f"both ways at once x{cal.duplex_factor():.2f}")  # fmt: skip
-                for c in group:
-                    prof = profiled[c.model].at_host_speed(_corun_steps(c.model, 2, max(10, steps)))
-                    wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
-                                            "scheme": c.scheme, "steps": steps, "warmup": warmup}  # fmt: skip
-                    if c.algorithm == "none":
-                        pred = predict_ms(
-                            prof, DPRun(model=c.model, rate_mbit=rate, delay_ms=delay), cal.predict_us,
-                            cpu_us=cal.cpu_us, slowdown=cal.slowdown,
+                # every configuration of the link once per pass, the passes one after the other (as
+                # ``validate dp``): the median over the passes drops a pass that a burst of load hit
+                runs: list[list[RunResult]] = [[] for _ in group]
+                hook_ms: dict[int, float] = {}  # the hook's own work, measured in the first pass
+                for k in range(passes):
+                    for i, c in enumerate(group):
+                        tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
+                        prof = profiled[c.model].at_host_speed(_corun_steps(c.model, 2, max(10, steps)))
+                        wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
+                                                "scheme": c.scheme, "steps": steps, "warmup": warmup}  # fmt: skip
+                        if c.algorithm == "none":
+                            pred = predict_ms(
+                                prof, DPRun(model=c.model, rate_mbit=rate, delay_ms=delay), cal.predict_us,
+                                cpu_us=cal.cpu_us, slowdown=cal.slowdown,
+                            )
+                        else:
+                            cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
+                            plan = None
+                            if c.plan:
+                                path = _plan_file(c, cost, cal.link, names[c.model], shapes[c.model], wd)
+                                plan = Plan.load(path)
+                                wcfg["plan"] = str(path)
+                            ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan)
+                            if i not in hook_ms:
+                                hook_ms[i] = _hook_overhead_ms(wcfg, ccfg, cost, cal.link, prof.params, shapes[c.model])
+                                log(f"  the hook's own work beyond its codec: {hook_ms[i]:.2f} ms/step (one process)")
+                            ccfg = dataclasses.replace(
+                                ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms[i])
+                            )
+                            g2 = compression(
+                                prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
+                                allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
+                                p2p=(p2p_us, p2p_us_per_byte), duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
+                            )
+                            res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
+                            pred = dp_step_ms(res2.step_ms, "ddp")
+                        # slow runs (plain DDP on a slow link: seconds per step) measure fewer steps
+                        wcfg["steps"] = steps if pred < 1000 else max(3, steps // 3)
+                        log(f"running {c.label()}{tag} (predicted {pred:.1f} ms)")
+                        out = launch(
+                            2, ["-m", "trainsim.validate.compress", json.dumps(wcfg)], net=net, timeout_s=600
                         )
-                    else:
-                        cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
-                        plan = None
-                        if c.plan:
-                            path = _plan_file(c, cost, cal.link, names[c.model], shapes[c.model], wd)
-                            plan = Plan.load(path)
-                            wcfg["plan"] = str(path)
-                        ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan)
-                        hook_ms = _hook_overhead_ms(wcfg, ccfg, cost, cal.link, prof.params, shapes[c.model])
-                        log(f"  the hook's own work beyond its codec: {hook_ms:.2f} ms/step (one process)")
-                        ccfg = dataclasses.replace(
-                            ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms)
-                        )
-                        g2 = compression(
-                            prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
-                            allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
-                            p2p=(p2p_us, p2p_us_per_byte), duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
-                        )
-                        res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
-                        pred = dp_step_ms(res2.step_ms, "ddp")
-                    # slow runs (plain DDP on a slow link: seconds per step) measure fewer steps
-                    wcfg["steps"] = steps if pred < 1000 else max(3, steps // 3)
-                    log(f"running {c.label()} (predicted {pred:.1f} ms)")
-                    out = launch(
-                        2, ["-m", "trainsim.validate.compress", json.dumps(wcfg)], net=net, timeout_s=600
-                    )
-                    data = json.loads(out[0].strip().splitlines()[-1])
-                    meas = [float(x) for x in data["step_ms"]]
-                    res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
-                                    bool(data.get("params_in_sync", True)))  # fmt: skip
+                        data = json.loads(out[0].strip().splitlines()[-1])
+                        meas = [float(x) for x in data["step_ms"]]
+                        res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
+                                        bool(data.get("params_in_sync", True)))  # fmt: skip
+                        log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+                        runs[i].append(res)
+                for c, done in zip(group, runs, strict=True):
+                    res = _median_of_passes(done)
                     if not res.params_in_sync:
                         notes.append(f"{c.label()}: ranks ended with different weights")
-                    log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+                    if passes > 1:
+                        log(f"{c.label()}: median of {passes} passes {res.measured_ms:.1f} ms measured, "
+                            f"{res.predicted_ms:.1f} ms predicted ({res.error_pct:+.1f}%)")  # fmt: skip
                     results.append(res)
         return results, notes
     finally:
@@ -272,10 +310,12 @@ def run_harness(
 @click.option("--model", default="mlp", show_default=True, help="zoo model")
 @click.option("--steps", type=int, default=12, show_default=True, help="measured steps per run (a third of them where a step takes over a second)")
 @click.option("--warmup", type=int, default=2, show_default=True, help="warm-up steps per run")
+@click.option("--passes", type=int, default=1, show_default=True,
+              help="runs per configuration, all configurations once per pass; the medians are reported")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def compress_command(
     quick: bool, rates: tuple[float, ...], algorithms: tuple[str, ...], model: str, steps: int, warmup: int,
-    as_json: bool,
+    passes: int, as_json: bool,
 ) -> None:  # fmt: skip
     """Predict compressed-DDP step times from a one-process profile, then run them on shaped links."""
     from rich.console import Console
@@ -286,6 +326,8 @@ def compress_command(
 
     if steps < 1 or warmup < 1:
         raise UserError(f"validate compress: steps={steps}, warmup={warmup}; expected >= 1 each")
+    if passes < 1:
+        raise UserError(f"validate compress: --passes {passes}; expected >= 1")
     if model not in MODELS:
         raise UserError(
             f"validate compress: unknown model {model!r}; expected one of {', '.join(sorted(MODELS))}"
@@ -301,7 +343,7 @@ def compress_command(
     err = Console(stderr=True)
     t0 = time.monotonic()
     results, notes = run_harness(
-        configs, steps=3 if quick else steps, warmup=warmup, reps=2 if quick else 3,
+        configs, steps=3 if quick else steps, warmup=warmup, reps=2 if quick else 3, passes=passes,
         log=(lambda s: None) if as_json else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
     )  # fmt: skip
     for n in notes:
@@ -423,7 +465,7 @@ def worker(cfg: dict[str, Any]) -> None:
     both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
-    if rank == 0:
+    if rank == 0 or trace is not None:  # traced: every rank's timeline (its own stdout)
         print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag}), flush=True)
     dist.barrier()
 

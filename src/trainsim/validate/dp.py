@@ -115,6 +115,8 @@ class RunResult:
     params_in_sync: bool = True
     predicted_alone_ms: float = float("nan")
     """prediction without the co-run factor (the single-process profile only)"""
+    passes: tuple[tuple[float, float], ...] = ()
+    """``(predicted, measured)`` ms of each pass where there were several (``run_harness(passes=)``)"""
 
     @property
     def error_pct(self) -> float:
@@ -132,7 +134,9 @@ class RunResult:
             "single_process_ms": self.single_ms,
             "params_in_sync": self.params_in_sync,
             "predicted_alone_ms": round(self.predicted_alone_ms, 3),
-        }
+            **({"passes": [{"predicted_ms": round(a, 3), "measured_ms": round(b, 3)} for a, b in self.passes]}
+               if self.passes else {}),
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +341,68 @@ def predict_ms(
     return dp_step_ms(res.step_ms, m)
 
 
+def _one_pass(
+    c: RunConfig, prof: _Profiled, cal: Any, net: Any, *, steps: int, warmup: int, torchrun: bool, corun: bool,
+    recheck_host: bool, log: Callable[[str], None], tag: str = "",
+) -> RunResult:  # fmt: skip
+    """Predict ``c`` at the host's current speed, then run it for real on ``net``: one pass."""
+    from trainsim.validate.launch import launch
+
+    base = prof
+    if corun and recheck_host:
+        prof = prof.at_host_speed(_corun_steps(c.model, c.world, max(10, steps)))
+    rounds = c.mode == "p3" and p3_uses_rounds(cal.predict_us, c.world)
+    agree = None
+    if rounds and corun:
+        log(f"timing the P3 runtime's agreement round while {c.model} trains")
+        agree = agree_round_us(c.model, c.world, net)
+    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown, agree_us=agree)
+    pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
+    log(f"running {c.label()}{tag} (predicted {pred:.1f} ms)")
+    wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup, "slice_bytes": c.slice_bytes}
+    if c.mode == "p3":  # the mode the prediction assumed (the runtime's own probe is as noisy)
+        wcfg["agree_rounds"] = rounds
+    out = launch(c.world, ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)], net=net, timeout_s=600,
+                 torchrun=torchrun)  # fmt: skip
+    data = json.loads(out[0].strip().splitlines()[-1])
+    meas = [float(x) for x in data["step_ms"]]
+    res = RunResult(
+        c, pred, float(statistics.median(meas)), meas,
+        {"a_us": round(cal.a_us, 2), "b_us_per_byte": cal.b_us_per_byte, "floor_us": round(cal.floor_us, 2),
+         "bw_gbps": cal.link.bw_gbps, "alpha_us": cal.link.latency_us},
+        cal.where,
+        {"profiled": round(prof.traced_ms, 3), "plain": round(prof.plain_ms, 3),
+         "ddp_overhead": round(prof.ddp_overhead_ms, 3), "p3_overhead": round(prof.p3_overhead_ms, 3),
+         "straggler": round(prof.straggler_ms, 3),
+         **({} if agree is None else {"p3_round": round(agree / 1e3, 3)}),
+         "corun": round(prof.corun_ms, 3), "corun_at_profile": round(base.corun_ms, 3)},
+        bool(data.get("params_in_sync", True)),
+        pred_alone,
+    )  # fmt: skip
+    log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+    return res
+
+
+def _median_of_passes(runs: list[RunResult]) -> RunResult:
+    """One result for a configuration measured in several passes: the median predicted and the median
+    measured step time over the passes (each pass's own median step), the steps and host figures of
+    the pass whose measurement is that median (the upper one of an even count), every pass's pair in
+    ``passes``; a single pass is returned as it is."""
+    from dataclasses import replace
+
+    if len(runs) == 1:
+        return runs[0]
+    mid = sorted(runs, key=lambda r: r.measured_ms)[len(runs) // 2]
+    return replace(
+        mid,
+        predicted_ms=float(statistics.median(r.predicted_ms for r in runs)),
+        measured_ms=float(statistics.median(r.measured_ms for r in runs)),
+        predicted_alone_ms=float(statistics.median(r.predicted_alone_ms for r in runs)),
+        params_in_sync=all(r.params_in_sync for r in runs),
+        passes=tuple((r.predicted_ms, r.measured_ms) for r in runs),
+    )
+
+
 def run_harness(
     configs: tuple[RunConfig, ...] | list[RunConfig],
     *,
@@ -348,15 +414,19 @@ def run_harness(
     torchrun: bool = False,
     corun: bool = True,
     recheck_host: bool = True,
+    passes: int = 1,
 ) -> tuple[list[RunResult], list[str]]:
     """Profile, calibrate, predict and measure every configuration; return results and notes.
     ``torchrun``: start the training ranks with ``python -m torch.distributed.run``; ``corun=False``:
     predict from the single-process profile alone (no co-run factor); ``recheck_host``: measure the
-    co-run step time again just before each run (``_Profiled.at_host_speed``)."""
+    co-run step time again just before each run (``_Profiled.at_host_speed``); ``passes``: predict and
+    measure each configuration that many times, all configurations of a link once per pass, and report
+    the medians (``_median_of_passes``)."""
     from trainsim.cluster.calibrate import calibrate, default_sizes
-    from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, netns_unavailable
 
+    if passes < 1:
+        raise UserError(f"validate dp: passes={passes}; expected >= 1")
     notes: list[str] = []
     reason = netns_unavailable()
     if reason is not None:
@@ -379,43 +449,23 @@ def run_harness(
             with net_cm if net_cm is not None else contextlib.nullcontext() as net:
                 log(f"calibrating gloo all-reduce on {_link(rate, delay)} ({len(sizes)} sizes)")
                 cal = calibrate(world=world, rate_mbit=rate, delay_ms=delay, sizes=sizes, reps=reps, net=net)
-                where = cal.where
-                for c in group:
-                    prof = profiled[c.model, c.world]
-                    if corun and recheck_host:
-                        prof = prof.at_host_speed(_corun_steps(c.model, c.world, max(10, steps)))
-                    rounds = c.mode == "p3" and p3_uses_rounds(cal.predict_us, c.world)
-                    agree = None
-                    if rounds and corun:
-                        log(f"timing the P3 runtime's agreement round while {c.model} trains")
-                        agree = agree_round_us(c.model, c.world, net)
-                    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown, agree_us=agree)
-                    pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
-                    log(f"running {c.label()} (predicted {pred:.1f} ms)")
-                    wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup,
-                            "slice_bytes": c.slice_bytes}  # fmt: skip
-                    if c.mode == "p3":  # the mode the prediction assumed (the runtime's own probe is as noisy)
-                        wcfg["agree_rounds"] = rounds
-                    out = launch(world, ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)], net=net,
-                                 timeout_s=600, torchrun=torchrun)  # fmt: skip
-                    data = json.loads(out[0].strip().splitlines()[-1])
-                    meas = [float(x) for x in data["step_ms"]]
-                    res = RunResult(
-                        c, pred, float(statistics.median(meas)), meas,
-                        {"a_us": round(cal.a_us, 2), "b_us_per_byte": cal.b_us_per_byte, "floor_us": round(cal.floor_us, 2),
-                         "bw_gbps": cal.link.bw_gbps, "alpha_us": cal.link.latency_us},
-                        where,
-                        {"profiled": round(prof.traced_ms, 3), "plain": round(prof.plain_ms, 3),
-                         "ddp_overhead": round(prof.ddp_overhead_ms, 3), "p3_overhead": round(prof.p3_overhead_ms, 3),
-                         "straggler": round(prof.straggler_ms, 3),
-                         **({} if agree is None else {"p3_round": round(agree / 1e3, 3)}),
-                         "corun": round(prof.corun_ms, 3), "corun_at_profile": round(profiled[c.model, c.world].corun_ms, 3)},
-                        bool(data.get("params_in_sync", True)),
-                        pred_alone,
-                    )  # fmt: skip
+                # every configuration of the link once per pass, the passes one after the other: a
+                # burst of load on the shared host then disturbs one pass of a configuration, and the
+                # median over the passes drops it (each pass predicts again at the host's speed then)
+                runs: list[list[RunResult]] = [[] for _ in group]
+                for k in range(passes):
+                    for c, done in zip(group, runs, strict=True):
+                        tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
+                        done.append(_one_pass(c, profiled[c.model, c.world], cal, net, steps=steps,
+                                              warmup=warmup, torchrun=torchrun, corun=corun,
+                                              recheck_host=recheck_host, log=log, tag=tag))  # fmt: skip
+                for c, done in zip(group, runs, strict=True):
+                    res = _median_of_passes(done)
                     if not res.params_in_sync:
                         notes.append(f"{c.label()}: ranks ended with different weights (gradient sync is broken)")
-                    log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+                    if passes > 1:
+                        log(f"{c.label()}: median of {passes} passes {res.measured_ms:.1f} ms measured, "
+                            f"{res.predicted_ms:.1f} ms predicted ({res.error_pct:+.1f}%)")  # fmt: skip
                     results.append(res)
         return results, notes
     finally:
@@ -443,6 +493,8 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
 @click.option("--mode", "modes", type=click.Choice(["ddp", "p3"]), multiple=True, help="ddp and/or p3")
 @click.option("--steps", type=int, default=20, show_default=True, help="measured steps per run")
 @click.option("--warmup", type=int, default=3, show_default=True, help="warm-up steps per run")
+@click.option("--passes", type=int, default=1, show_default=True,
+              help="runs per configuration, all configurations once per pass; the medians are reported")
 @click.option("--torchrun", is_flag=True, help="start the training ranks with torchrun (slower start)")
 @click.option("--no-corun", is_flag=True, help="predict from the one-process profile alone (no co-run factor)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
@@ -454,6 +506,7 @@ def dp_command(
     modes: tuple[str, ...],
     steps: int,
     warmup: int,
+    passes: int,
     torchrun: bool,
     no_corun: bool,
     as_json: bool,
@@ -464,6 +517,8 @@ def dp_command(
 
     if steps < 1 or warmup < 2:
         raise UserError(f"validate dp: steps={steps}, warmup={warmup}; expected steps >= 1, warmup >= 2")
+    if passes < 1:
+        raise UserError(f"validate dp: --passes {passes}; expected >= 1")
     if models or rates or delays or modes:
         configs = [
             RunConfig(model=m, rate_mbit=r, delay_ms=d, mode=mo)
@@ -484,6 +539,7 @@ def dp_command(
         log=(lambda s: None) if as_json else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
         torchrun=torchrun,
         corun=not no_corun,
+        passes=passes,
     )  # fmt: skip
     for n in notes:
         err.print(f"[yellow]note:[/] {n}")

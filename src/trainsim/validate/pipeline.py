@@ -114,8 +114,9 @@ def run_pipeline_validation(
     probe: bool = True,
     passes: int = 1,
 ) -> dict[str, Any]:
-    """Predict and measure every schedule of ``case``; each configuration is measured ``passes`` times
-    (all configurations once per pass) and its measurement is the median of its passes."""
+    """Predict and measure every schedule of ``case``; each configuration is predicted (with the co-run
+    factor measured again in each pass) and measured ``passes`` times, all configurations once per
+    pass; its prediction and its measurement are the medians over its passes."""
     import statistics
 
     from trainsim.capture.layerprofile import pipeline_action_overhead_us, profile_layers
@@ -158,66 +159,74 @@ def run_pipeline_validation(
             probe_us = round(extra_us, 1)
         else:
             probe_us = 0.0
-        plans: list[tuple[dict[str, Any], Any]] = []  # (row without the measurement, run config)
-        for m in case.microbatches:
-            factor = corun_factor(case, case.batch_size // m, steps=max(10, steps), warmup=warmup)
-            log(f"co-run factor at microbatch {case.batch_size // m}: {factor:.3f}")
-            for name, spr in case.schedules:
-                spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
-                pred = predict_pipeline(
-                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown, corun_factor=factor, step_overhead_us=step_us,
-                )
-                sizes = tuple(len(s) for s in pred.split)
-                # the same with the busy-host slowdown counted in full while either rank computes
-                alt = predict_pipeline(
-                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown, busy_share=1.0, corun_factor=factor, step_overhead_us=step_us,
-                ).step_ms  # fmt: skip
-                # and without the ranks slowing each other's computation (separate hosts)
-                apart = predict_pipeline(
-                    prof, spec, batch_size=case.batch_size, link=link, overhead_us=overhead[m],
-                    slowdown=cal.slowdown, step_overhead_us=step_us,
-                ).step_ms  # fmt: skip
-                row: dict[str, Any] = {
-                    "config": {
-                        "label": f"{name}/{spr}",
-                        "schedule": name,
-                        "stages_per_rank": spr,
-                        "microbatches": m,
-                        "split": list(sizes),
-                        "model": case.model,
-                        "blocks": case.blocks,
-                        "batch_size": case.batch_size,
-                        "rate_mbit": case.rate_mbit,
-                        "delay_ms": case.delay_ms,
-                    },
-                    "predicted_ms": round(pred.step_ms, 3),
-                    "passes_ms": [],
-                    "action_overhead_us": round(overhead[m], 1),
-                    "predicted_busy_full_ms": round(alt, 3),
-                    "predicted_no_corun_ms": round(apart, 3),
-                    "corun_factor": round(factor, 4),
-                }
-                run_cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
-                                        batch_size=case.batch_size, split=sizes, blocks=case.blocks, steps=steps,
-                                        warmup=warmup)  # fmt: skip
-                plans.append((row, run_cfg))
         # every configuration once per pass, the passes one after the other: a burst of load on the
-        # shared host then disturbs one pass of a configuration, and the median of the passes drops it
+        # shared host then disturbs one pass of a configuration, and the median of the passes drops it.
+        # Each pass measures the co-run factor of each microbatch size again just before its runs and
+        # predicts with it, as ``validate dp`` does before each run: one reading of it moved between
+        # 1.00 and 1.28 from one sweep to the next, as far as the host's speed drifts over minutes.
+        # The stage split is the plan's in the first pass, kept for the later ones (the runs compare).
+        rows: dict[tuple[int, str, int], tuple[dict[str, Any], Any]] = {}
+
+        def predict(spec: Any, split: Any, overhead_us: float, corun: float, busy_share: float | None = None) -> Any:
+            return predict_pipeline(
+                prof, spec, batch_size=case.batch_size, link=link, split=split, overhead_us=overhead_us,
+                slowdown=cal.slowdown, busy_share=busy_share, corun_factor=corun, step_overhead_us=step_us,
+            )  # fmt: skip
+
         for k in range(passes):
-            for row, run_cfg in plans:
-                label, m = row["config"]["label"], row["config"]["microbatches"]
-                log(f"running {label} M={m} (pass {k + 1}/{passes}), predicted {row['predicted_ms']:.1f} ms")
-                res = run_pipeline(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
-                row["passes_ms"].append(round(res["step_ms"], 3))
-                row.setdefault("passes_median_ms", []).append(round(res["step_median_ms"], 3))
-                row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
-                log(f"  measured {res['step_ms']:.1f} ms ({100 * (row['predicted_ms'] - res['step_ms']) / res['step_ms']:+.1f}%)")
-        for row, _ in plans:
+            for m in case.microbatches:
+                factor = corun_factor(case, case.batch_size // m, steps=max(10, steps), warmup=warmup)
+                log(f"co-run factor at microbatch {case.batch_size // m} (pass {k + 1}/{passes}): {factor:.3f}")
+                for name, spr in case.schedules:
+                    spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
+                    key = (m, name, spr)
+                    fixed = None if key not in rows else rows[key][0]["config"]["split"]
+                    pred = predict(spec, fixed, overhead[m], factor)
+                    # the same with the busy-host slowdown counted in full while either rank computes
+                    alt = predict(spec, fixed, overhead[m], factor, busy_share=1.0).step_ms
+                    # and without the ranks slowing each other's computation (separate hosts)
+                    apart = predict(spec, fixed, overhead[m], 1.0).step_ms
+                    if key not in rows:
+                        sizes = tuple(len(s) for s in pred.split)
+                        row: dict[str, Any] = {
+                            "config": {
+                                "label": f"{name}/{spr}",
+                                "schedule": name,
+                                "stages_per_rank": spr,
+                                "microbatches": m,
+                                "split": list(sizes),
+                                "model": case.model,
+                                "blocks": case.blocks,
+                                "batch_size": case.batch_size,
+                                "rate_mbit": case.rate_mbit,
+                                "delay_ms": case.delay_ms,
+                            },
+                            "passes_ms": [],
+                            "action_overhead_us": round(overhead[m], 1),
+                        }
+                        run_cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
+                                                batch_size=case.batch_size, split=sizes, blocks=case.blocks, steps=steps,
+                                                warmup=warmup)  # fmt: skip
+                        rows[key] = (row, run_cfg)
+                    row, run_cfg = rows[key]
+                    for field, v in (("passes_predicted_ms", pred.step_ms), ("passes_busy_full_ms", alt),
+                                     ("passes_no_corun_ms", apart), ("passes_corun_factor", factor)):  # fmt: skip
+                        row.setdefault(field, []).append(round(v, 4))
+                    log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), predicted {pred.step_ms:.1f} ms")
+                    res = run_pipeline(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
+                    row["passes_ms"].append(round(res["step_ms"], 3))
+                    row.setdefault("passes_median_ms", []).append(round(res["step_median_ms"], 3))
+                    row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
+                    log(f"  measured {res['step_ms']:.1f} ms ({100 * (pred.step_ms - res['step_ms']) / res['step_ms']:+.1f}%)")
+        for row, _ in rows.values():
             meas = statistics.median(row["passes_ms"])
+            pred_ms = statistics.median(row["passes_predicted_ms"])
+            row["predicted_ms"] = round(pred_ms, 3)
             row["measured_ms"] = round(meas, 3)
-            row["error_pct"] = round(100 * (row["predicted_ms"] - meas) / meas, 2)
+            row["error_pct"] = round(100 * (pred_ms - meas) / meas, 2)
+            row["predicted_busy_full_ms"] = round(statistics.median(row.pop("passes_busy_full_ms")), 3)
+            row["predicted_no_corun_ms"] = round(statistics.median(row.pop("passes_no_corun_ms")), 3)
+            row["corun_factor"] = round(statistics.median(row["passes_corun_factor"]), 4)
             row["measured_median_ms"] = statistics.median(row.pop("passes_median_ms"))
             row["measured_min_ms"] = min(row.pop("passes_min_ms"))
             runs.append(row)
@@ -329,6 +338,8 @@ def _fit_runtime_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
     "--rank-gap", type=float, default=5.0, show_default=True, help="ranking checked above this gap, %"
 )
 @click.option("--no-probe", is_flag=True, help="no runtime probe on the hollow model (see the module docstring)")
+@click.option("--passes", type=int, default=1, show_default=True,
+              help="runs per configuration, all configurations once per pass; the medians are reported")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def pipeline_command(
     quick: bool,
@@ -341,6 +352,7 @@ def pipeline_command(
     steps: int,
     rank_gap: float,
     no_probe: bool,
+    passes: int,
     as_json: bool,
 ) -> None:
     """Predict and measure GPipe, 1F1B, interleaved and zero-bubble schedules on 2 processes."""
@@ -351,6 +363,8 @@ def pipeline_command(
 
     if steps < 1:
         raise UserError(f"validate pipeline: --steps {steps}; expected >= 1")
+    if passes < 1:
+        raise UserError(f"validate pipeline: --passes {passes}; expected >= 1")
     base = QUICK if quick else FULL
     scheds = tuple(_parse_schedule(s) for s in schedules) or base.schedules
     case = PipeCase(
@@ -371,6 +385,7 @@ def pipeline_command(
         warmup=2,
         rank_gap_pct=rank_gap,
         probe=not no_probe,
+        passes=passes,
         log=(lambda s: None)
         if as_json
         else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
