@@ -131,6 +131,18 @@ def test_agreement_round_probe_two_processes() -> None:
     assert len(data["rounds_us"]) == 16  # the first fifth is the ranks' start-up
     assert data["round_us"] == pytest.approx(sum(data["rounds_us"]) / 16)
     assert all(t > 0 for t in data["rounds_us"]) and data["train_steps"] >= 1
+    # every rank's training steps meanwhile (the first, warming up, dropped), as many on each
+    a, b = data["steps_ms"]
+    assert len(a) == len(b) <= data["train_steps"] - 1 and all(t > 0 for t in a + b)
+
+
+def test_agree_probe_straggler_needs_steps() -> None:
+    from trainsim.validate.dp import AgreeProbe, straggler_ms
+
+    assert AgreeProbe(3000.0, [[50.0] * 4, [60.0] * 4]).straggler_ms is None  # too few steps
+    assert AgreeProbe(3000.0, [[50.0] * 9]).straggler_ms is None  # one rank waits for nobody
+    steps = [[50.0, 52.0, 70.0, 51.0, 55.0], [60.0, 61.0, 59.0, 75.0, 62.0]]
+    assert AgreeProbe(3000.0, steps).straggler_ms == straggler_ms(steps) > 0
 
 
 @pytest.mark.multiproc
@@ -144,3 +156,24 @@ def test_p3_runtime_told_its_mode_keeps_ranks_in_sync(rounds: bool) -> None:
     data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
     assert data["p3_agreement_rounds"] is rounds
     assert data["params_in_sync"] and len(data["step_ms"]) == 3
+
+
+@pytest.mark.multiproc
+def test_p3_trace_from_every_rank_on_one_clock() -> None:
+    """Traced, every rank prints its timeline with its reference time, so ranks line up: the same slice
+    all-reduce (a collective) overlaps in time on both ranks."""
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": "cnn", "mode": "p3", "steps": 2, "warmup": 1, "slice_bytes": 65536,
+                      "agree_rounds": True, "trace": True})  # fmt: skip
+    outs = [json.loads(o.strip().splitlines()[-1]) for o in launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)]
+    slices = []
+    for d in outs:
+        assert len(d["step_starts_ms"]) == 3 and d["p3_log"]
+        slices.append([(d["t_ref_s"] * 1e3 + a, d["t_ref_s"] * 1e3 + b) for k, _, a, b in d["p3_log"] if k == "slice"])
+    # each rank logs from its own first measured step: compare where both logs run
+    start = max(s[0][0] for s in slices)
+    common = [(a, b) for a, b in slices[0] if a >= start]
+    assert common
+    for a0, b0 in common:  # both ranks inside the same collective at once
+        assert any(max(a0, a1) <= min(b0, b1) + 0.5 for a1, b1 in slices[1])

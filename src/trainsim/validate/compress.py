@@ -457,6 +457,7 @@ def worker(cfg: dict[str, Any]) -> None:
         t_ref = starts[warmup]
         diag["buckets"] = [(b, *(round((t - t_ref) * 1e3, 3) for t in ts)) for b, *ts in trace]
         diag["step_starts_ms"] = [round((t - t_ref) * 1e3, 3) for t in starts[warmup:]]
+        diag["t_ref_s"] = [t_ref]  # time.perf_counter (CLOCK_MONOTONIC: one clock for every rank on a host)
     t = torch.tensor(step_ms, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     check = torch.tensor(

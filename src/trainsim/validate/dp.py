@@ -290,16 +290,38 @@ def p3_uses_rounds(comm_us: Callable[[float], float], world: int) -> bool:
     return comm_us(4 * world) <= P3_AGREE_MAX_US
 
 
-def agree_round_us(model: str, world: int, net: Any, rounds: int = 300) -> float:
-    """Mean time of the P3 runtime's agreement round on ``net``'s link while ``world`` ranks train
-    ``model`` (``dp_worker.agree_probe``): the idle calibration of a tiny all-reduce misses what the
-    rounds pay on a host whose cores and GIL the training holds (on cnn at 100 Mbit/s ~3 ms against
-    ~1.5 ms idle)."""
+@dataclass(frozen=True, slots=True)
+class AgreeProbe:
+    """What ``agree_round_us`` measured: the P3 runtime's agreement round, and every rank's training
+    steps while the rounds ran."""
+
+    round_us: float
+    """mean time of one agreement round"""
+    steps_ms: list[list[float]]
+    """per rank, its training steps under the rounds' load"""
+
+    @property
+    def straggler_ms(self) -> float | None:
+        """The wait for the slowest rank under that load (``straggler_ms`` of ``steps_ms``); None with
+        fewer than 5 steps on a rank (too few to tell)."""
+        if len(self.steps_ms) < 2 or min(len(r) for r in self.steps_ms) < 5:
+            return None
+        return straggler_ms(self.steps_ms)
+
+
+def agree_round_us(model: str, world: int, net: Any, rounds: int = 300) -> AgreeProbe:
+    """Time the P3 runtime's agreement round on ``net``'s link while ``world`` ranks train ``model``
+    (``dp_worker.agree_probe``): the idle calibration of a tiny all-reduce misses what the rounds pay
+    on a host whose cores and GIL the training holds (on cnn at 100 Mbit/s ~3 ms against ~1.5 ms
+    idle). Also returns the ranks' training steps meanwhile: their spread under the communication
+    thread's load is the wait for the slowest rank that the runtime pays at every slice (see
+    ``predict_ms``)."""
     from trainsim.validate.launch import launch
 
     cfg = json.dumps({"model": model, "mode": "agree_probe", "rounds": rounds})
     out = launch(world, ["-m", "trainsim.validate.dp_worker", cfg], net=net, timeout_s=300)
-    return float(json.loads(out[0].strip().splitlines()[-1])["round_us"])
+    data = json.loads(out[0].strip().splitlines()[-1])
+    return AgreeProbe(float(data["round_us"]), [[float(x) for x in r] for r in data.get("steps_ms", [])])
 
 
 def predict_ms(
@@ -312,18 +334,25 @@ def predict_ms(
     cpu_us: Callable[[float], float] | None = None,
     slowdown: Callable[[float], float] | None = None,
     agree_us: float | None = None,
+    straggler_wait_ms: float | None = None,
 ) -> float:
     """Predicted steady-state step time of ``cfg`` from the single-process profile (``mode`` overrides
     ``cfg.mode``, e.g. ``"bytescheduler"``, which has a model but no runtime here; ``alone``: without the
     co-run factor; ``cpu_us``: host CPU per all-reduce of S bytes, taken from overlapping compute;
     ``slowdown``: how much longer an all-reduce of S bytes takes while the ranks compute; both
     ``trainsim.simulate.contention``; ``agree_us``: the P3 runtime's agreement round as measured while
-    training (``agree_round_us``), else the calibrated tiny all-reduce)."""
+    training (``agree_round_us``), else the calibrated tiny all-reduce; ``straggler_wait_ms``: the wait
+    for the slowest rank to use instead of the profile's (from the co-run loop), e.g.
+    ``AgreeProbe.straggler_ms``)."""
+    from dataclasses import replace
+
     from trainsim.simulate.contention import simulate_contended
     from trainsim.simulate.engine import simulate
     from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms
 
     m = mode or cfg.mode
+    if straggler_wait_ms is not None and not alone:
+        prof = replace(prof, straggler_ms=straggler_wait_ms)
     runtime_ms = prof.p3_overhead_ms if m == "p3" else prof.ddp_overhead_ms
     dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes,
                    host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone))  # fmt: skip
@@ -356,7 +385,11 @@ def _one_pass(
     if rounds and corun:
         log(f"timing the P3 runtime's agreement round while {c.model} trains")
         agree = agree_round_us(c.model, c.world, net)
-    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown, agree_us=agree)
+    # with rounds, the runtime meets the other rank before every slice: the wait for the slowest rank is
+    # the ranks' spread while the communication thread works, which the probe measured
+    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
+                      agree_us=None if agree is None else agree.round_us,
+                      straggler_wait_ms=None if agree is None else agree.straggler_ms)  # fmt: skip
     pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
     log(f"running {c.label()}{tag} (predicted {pred:.1f} ms)")
     wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup, "slice_bytes": c.slice_bytes}
@@ -374,7 +407,8 @@ def _one_pass(
         {"profiled": round(prof.traced_ms, 3), "plain": round(prof.plain_ms, 3),
          "ddp_overhead": round(prof.ddp_overhead_ms, 3), "p3_overhead": round(prof.p3_overhead_ms, 3),
          "straggler": round(prof.straggler_ms, 3),
-         **({} if agree is None else {"p3_round": round(agree / 1e3, 3)}),
+         **({} if agree is None else {"p3_round": round(agree.round_us / 1e3, 3)}),
+         **({} if agree is None or agree.straggler_ms is None else {"p3_straggler": round(agree.straggler_ms, 3)}),
          "corun": round(prof.corun_ms, 3), "corun_at_profile": round(base.corun_ms, 3)},
         bool(data.get("params_in_sync", True)),
         pred_alone,

@@ -20,7 +20,7 @@ Modes:
 Prints one JSON line on rank 0: ``{"step_ms": [...], ...}`` (wall time between consecutive step starts).
 With ``"trace": true`` the p3 mode adds ``p3_log``: ``(kind, layer, start ms, end ms)`` of every slice
 all-reduce (``"slice"``) and every wait of a forward for its layer's slices (``"wait"``), relative to
-the first measured step's start, and ``step_starts_ms``.
+the first measured step's start, and ``step_starts_ms``; every rank then prints its own line.
 """
 
 from __future__ import annotations
@@ -298,11 +298,15 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
             times.append((time.perf_counter() - t0) * 1e6)
             dist.all_reduce(buf)
 
+    step_ms: list[float] = []
+
     def train(step: int) -> None:
+        t0 = time.perf_counter()
         x, y = batch(step * 1000 + rank)
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
         opt.step()
+        step_ms.append((time.perf_counter() - t0) * 1e3)
 
     dist.barrier()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -313,7 +317,15 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     # the first rounds overlap the ranks' different start-up; keep the steady part
     steady = t.tolist()[max(1, rounds // 5):]
-    return {"round_us": statistics.fmean(steady), "rounds_us": steady, "train_steps": step}
+    # every rank's training steps while the rounds ran (the first one warms up): their jitter under
+    # the communication thread's load
+    n = torch.tensor([len(step_ms) - 1], dtype=torch.int64)
+    dist.all_reduce(n, op=dist.ReduceOp.MIN)
+    mine = torch.tensor(step_ms[1 : 1 + int(n.item())], dtype=torch.float64)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return {"round_us": statistics.fmean(steady), "rounds_us": steady, "train_steps": step,
+            "steps_ms": [e.tolist() for e in every]}  # fmt: skip
 
 
 def alternating_ms(nets: dict[str, Any], batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, float]:
@@ -400,6 +412,7 @@ def main(cfg: dict[str, Any]) -> None:
             t_ref = starts[warmup]
             extra["p3_log"] = [(k, li, round((a - t_ref) * 1e3, 3), round((b - t_ref) * 1e3, 3)) for k, li, a, b in rt.log]
             extra["step_starts_ms"] = [round((t - t_ref) * 1e3, 3) for t in starts[warmup:]]
+            extra["t_ref_s"] = t_ref  # time.perf_counter (CLOCK_MONOTONIC: one clock for every rank on a host)
     else:
         raise SystemExit(f"dp_worker: unknown mode {mode!r}")
     step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
@@ -410,7 +423,7 @@ def main(cfg: dict[str, Any]) -> None:
     both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
-    if rank == 0:
+    if rank == 0 or "p3_log" in extra:  # traced: every rank's timeline (its own stdout)
         print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, **extra}), flush=True)
     dist.destroy_process_group()
 
