@@ -177,3 +177,24 @@ def test_p3_trace_from_every_rank_on_one_clock() -> None:
     assert common
     for a0, b0 in common:  # both ranks inside the same collective at once
         assert any(max(a0, a1) <= min(b0, b1) + 0.5 for a1, b1 in slices[1])
+
+
+def test_overlapping_steps_keep_what_ran_together() -> None:
+    from trainsim.validate.dp import overlapping_steps
+
+    # copy a starts 0.25 s before b and finishes before b: its first steps and b's last ran alone
+    a = [0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05, 1.2]
+    b = [0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.15, 1.3, 1.4, 1.5]
+    got = overlapping_steps([a, b], min_steps=3)
+    assert got[0] == pytest.approx([150.0] * 6)  # 0.3 .. 1.2
+    assert got[1] == pytest.approx([150.0] * 6)  # 0.25 .. 1.15 (1.15 -> 1.3 ends after a did)
+    # too few steps inside the window: the copy keeps them all
+    assert len(overlapping_steps([a, b], min_steps=7)[1]) == 9
+
+
+@pytest.mark.multiproc
+def test_corun_copies_start_together() -> None:
+    from trainsim.validate.dp import _corun_steps
+
+    per_rank = _corun_steps("mlp", 2, 8)
+    assert len(per_rank) == 2 and all(len(r) >= 5 and all(t > 0 for t in r) for r in per_rank)

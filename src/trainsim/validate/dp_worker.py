@@ -210,8 +210,9 @@ class P3Runtime:
                 ev.set()
 
 
-def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
-    """Step times (ms) of the plain training loop on ``net`` (a module, or DDP around one)."""
+def loop_marks(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
+    """Start times (``time.perf_counter``, s) of ``warmup + steps + 1`` steps of the plain training loop
+    on ``net`` (a module, or DDP around one): the last one is the end of the last step."""
     import torch
 
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
@@ -224,6 +225,12 @@ def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: i
         loss.backward()
         opt.step()
         loss.detach().item()
+    return marks
+
+
+def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
+    """Step times (ms) of the plain training loop on ``net`` after ``warmup`` steps (``loop_marks``)."""
+    marks = loop_marks(net, batch, loss_fn, lr, warmup, steps)
     return [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]
 
 
@@ -366,7 +373,12 @@ def main(cfg: dict[str, Any]) -> None:
     mode = cfg.get("mode", "ddp")
     warmup, steps = int(cfg.get("warmup", 3)), int(cfg.get("steps", 6))
     if mode == "plain":  # no communication: the single-process loop, to time co-running copies of it
-        print(json.dumps({"step_ms": loop_ms(model, batch, loss_fn, lr, warmup, steps)}), flush=True)
+        # copies started together start their loops together (``start_at``, epoch seconds: after every
+        # copy has imported torch); ``marks`` lets the caller keep the steps that ran while all did
+        time.sleep(max(0.0, float(cfg.get("start_at", 0.0)) - time.time()))
+        marks = loop_marks(model, batch, loss_fn, lr, warmup, steps)
+        step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]
+        print(json.dumps({"step_ms": step_ms, "marks": marks[warmup:]}), flush=True)
         return
     dist.init_process_group("gloo")
     if mode == "overhead":  # one process: DDP's own host cost per step (see ``ddp_overhead``)
