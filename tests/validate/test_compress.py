@@ -21,14 +21,14 @@ def test_summary_shape_matches_validate_dp() -> None:
 
 
 def test_median_of_passes_by_hand() -> None:
-    from trainsim.validate.compress import _median_of_passes
+    from trainsim.validate.dp import median_of_passes
 
     c = RunConfig(rate_mbit=100.0, algorithm="onebit")
     one = RunResult(c, 40.0, 50.0, [50.0], "netns")
-    assert _median_of_passes([one]) is one
+    assert median_of_passes([one]) is one
     runs = [RunResult(c, p, m, [m], "netns", ok) for p, m, ok in
             ((40.0, 50.0, True), (44.0, 80.0, True), (42.0, 52.0, False))]  # fmt: skip
-    r = _median_of_passes(runs)
+    r = median_of_passes(runs)
     assert (r.predicted_ms, r.measured_ms, r.measured_steps_ms) == (42.0, 52.0, [52.0])
     assert not r.params_in_sync  # one pass out of sync is reported
     assert summary([r])["runs"][0]["passes"] == [{"predicted_ms": p, "measured_ms": m} for p, m in

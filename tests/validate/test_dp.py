@@ -98,15 +98,15 @@ def test_runtime_overhead_one_process() -> None:
 
 
 def test_median_of_passes_by_hand() -> None:
-    from trainsim.validate.dp import RunResult, _median_of_passes
+    from trainsim.validate.dp import RunResult, median_of_passes
 
     c = RunConfig(model="cnn", rate_mbit=50)
 
     def run(pred: float, meas: float) -> RunResult:
         return RunResult(c, pred, meas, [meas], {}, "netns", {"corun": pred}, True, pred + 1)
 
-    assert _median_of_passes([run(1.0, 2.0)]).passes == ()
-    r = _median_of_passes([run(90.0, 100.0), run(95.0, 300.0), run(99.0, 105.0)])
+    assert median_of_passes([run(1.0, 2.0)]).passes == ()
+    r = median_of_passes([run(90.0, 100.0), run(95.0, 300.0), run(99.0, 105.0)], "predicted_alone_ms")
     assert (r.predicted_ms, r.measured_ms, r.predicted_alone_ms) == (95.0, 105.0, 96.0)
     assert r.single_ms == {"corun": 99.0}  # the host figures of the median pass
     assert [p["measured_ms"] for p in r.to_json()["passes"]] == [100.0, 300.0, 105.0]

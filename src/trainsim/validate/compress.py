@@ -152,22 +152,6 @@ def _plan_file(
     return path
 
 
-def _median_of_passes(runs: list[RunResult]) -> RunResult:
-    """One result for a configuration measured in several passes: the median predicted and measured
-    step times over the passes, the steps of the pass whose measurement is that median (the upper one
-    of an even count), every pass's pair in ``passes``; a single pass is returned as it is."""
-    if len(runs) == 1:
-        return runs[0]
-    mid = sorted(runs, key=lambda r: r.measured_ms)[len(runs) // 2]
-    return dataclasses.replace(
-        mid,
-        predicted_ms=float(statistics.median(r.predicted_ms for r in runs)),
-        measured_ms=float(statistics.median(r.measured_ms for r in runs)),
-        params_in_sync=all(r.params_in_sync for r in runs),
-        passes=tuple((r.predicted_ms, r.measured_ms) for r in runs),
-    )
-
-
 def run_harness(
     configs: list[RunConfig],
     *,
@@ -179,7 +163,7 @@ def run_harness(
 ) -> tuple[list[RunResult], list[str]]:
     """Profile, calibrate, predict and measure every configuration; return results and notes.
     ``passes``: predict and measure each configuration that many times, every configuration of a link
-    once per pass, and report the medians (``_median_of_passes``)."""
+    once per pass, and report the medians (``validate.dp.median_of_passes``)."""
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.compress.secopa import Plan
     from trainsim.models.zoo import build
@@ -187,7 +171,7 @@ def run_harness(
     from trainsim.transform.compression import CodecCost, CompressConfig, compression
     from trainsim.transform.dataparallel import dp_step_ms
     from trainsim.validate.dp import RunConfig as DPRun
-    from trainsim.validate.dp import _corun_steps, _profile, predict_ms
+    from trainsim.validate.dp import _corun_steps, _profile, median_of_passes, predict_ms
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, netns_unavailable
 
@@ -289,7 +273,7 @@ def run_harness(
                         log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
                         runs[i].append(res)
                 for c, done in zip(group, runs, strict=True):
-                    res = _median_of_passes(done)
+                    res = median_of_passes(done)
                     if not res.params_in_sync:
                         notes.append(f"{c.label()}: ranks ended with different weights")
                     if passes > 1:

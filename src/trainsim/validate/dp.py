@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar, cast
 
 import click
 
@@ -217,8 +217,6 @@ def _corun_steps(model: str, world: int, steps: int) -> list[list[float]]:
                       "start_at": time.time() + CORUN_START_S})  # fmt: skip
     outs = launch(world, ["-m", "trainsim.validate.dp_worker", cfg], net=None, timeout_s=300)
     data = [json.loads(o.strip().splitlines()[-1]) for o in outs]
-    if any("marks" not in d for d in data):
-        return [[float(x) for x in d["step_ms"]] for d in data]
     return overlapping_steps([[float(x) for x in d["marks"]] for d in data])
 
 
@@ -444,24 +442,35 @@ def _one_pass(
     return res
 
 
-def _median_of_passes(runs: list[RunResult]) -> RunResult:
-    """One result for a configuration measured in several passes: the median predicted and the median
-    measured step time over the passes (each pass's own median step), the steps and host figures of
-    the pass whose measurement is that median (the upper one of an even count), every pass's pair in
-    ``passes``; a single pass is returned as it is."""
+class _PassResult(Protocol):
+    """What ``median_of_passes`` reads of a result (the harnesses' frozen ``RunResult`` dataclasses)."""
+
+    @property
+    def predicted_ms(self) -> float: ...
+    @property
+    def measured_ms(self) -> float: ...
+    @property
+    def params_in_sync(self) -> bool: ...
+
+
+R = TypeVar("R", bound=_PassResult)
+
+
+def median_of_passes(runs: list[R], *also: str) -> R:
+    """One result for a configuration measured in several passes (a ``RunResult`` of this module or of
+    ``validate.compress``): the median predicted and measured step times over the passes (each pass's
+    own median step), and of the fields named in ``also``; the steps and host figures of the pass whose
+    measurement is that median (the upper one of an even count); every pass's pair in ``passes``. A
+    single pass is returned as it is."""
     from dataclasses import replace
 
     if len(runs) == 1:
         return runs[0]
     mid = sorted(runs, key=lambda r: r.measured_ms)[len(runs) // 2]
-    return replace(
-        mid,
-        predicted_ms=float(statistics.median(r.predicted_ms for r in runs)),
-        measured_ms=float(statistics.median(r.measured_ms for r in runs)),
-        predicted_alone_ms=float(statistics.median(r.predicted_alone_ms for r in runs)),
-        params_in_sync=all(r.params_in_sync for r in runs),
-        passes=tuple((r.predicted_ms, r.measured_ms) for r in runs),
-    )
+    medians = {f: float(statistics.median(getattr(r, f) for r in runs)) for f in ("predicted_ms", "measured_ms", *also)}
+    out: R = replace(cast(Any, mid), **medians, params_in_sync=all(r.params_in_sync for r in runs),
+                     passes=tuple((r.predicted_ms, r.measured_ms) for r in runs))  # a dataclass: see _PassResult
+    return out
 
 
 def run_harness(
@@ -482,7 +491,7 @@ def run_harness(
     predict from the single-process profile alone (no co-run factor); ``recheck_host``: measure the
     co-run step time again just before each run (``_Profiled.at_host_speed``); ``passes``: predict and
     measure each configuration that many times, all configurations of a link once per pass, and report
-    the medians (``_median_of_passes``)."""
+    the medians (``median_of_passes``)."""
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.validate.netns import Netns, netns_unavailable
 
@@ -521,7 +530,7 @@ def run_harness(
                                               warmup=warmup, torchrun=torchrun, corun=corun,
                                               recheck_host=recheck_host, log=log, tag=tag))  # fmt: skip
                 for c, done in zip(group, runs, strict=True):
-                    res = _median_of_passes(done)
+                    res = median_of_passes(done, "predicted_alone_ms")
                     if not res.params_in_sync:
                         notes.append(f"{c.label()}: ranks ended with different weights (gradient sync is broken)")
                     if passes > 1:
