@@ -184,8 +184,6 @@ def run_pipeline_validation(
                     pred = predict(spec, fixed, overhead[m], factor)
                     # the same with the busy-host slowdown counted in full while either rank computes
                     alt = predict(spec, fixed, overhead[m], factor, busy_share=1.0).step_ms
-                    # and without the ranks slowing each other's computation (separate hosts)
-                    apart = predict(spec, fixed, overhead[m], 1.0).step_ms
                     if key not in rows:
                         sizes = tuple(len(s) for s in pred.split)
                         row: dict[str, Any] = {
@@ -203,6 +201,9 @@ def run_pipeline_validation(
                             },
                             "passes_ms": [],
                             "action_overhead_us": round(overhead[m], 1),
+                            # without the ranks slowing each other's computation (separate hosts): the
+                            # same in every pass, as it does not use the pass's co-run factor
+                            "predicted_no_corun_ms": round(predict(spec, sizes, overhead[m], 1.0).step_ms, 3),
                         }
                         run_cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
                                                 batch_size=case.batch_size, split=sizes, blocks=case.blocks, steps=steps,
@@ -210,7 +211,7 @@ def run_pipeline_validation(
                         rows[key] = (row, run_cfg)
                     row, run_cfg = rows[key]
                     for field, v in (("passes_predicted_ms", pred.step_ms), ("passes_busy_full_ms", alt),
-                                     ("passes_no_corun_ms", apart), ("passes_corun_factor", factor)):  # fmt: skip
+                                     ("passes_corun_factor", factor)):  # fmt: skip
                         row.setdefault(field, []).append(round(v, 4))
                     log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), predicted {pred.step_ms:.1f} ms")
                     res = run_pipeline(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
@@ -225,7 +226,6 @@ def run_pipeline_validation(
             row["measured_ms"] = round(meas, 3)
             row["error_pct"] = round(100 * (pred_ms - meas) / meas, 2)
             row["predicted_busy_full_ms"] = round(statistics.median(row.pop("passes_busy_full_ms")), 3)
-            row["predicted_no_corun_ms"] = round(statistics.median(row.pop("passes_no_corun_ms")), 3)
             row["corun_factor"] = round(statistics.median(row["passes_corun_factor"]), 4)
             row["measured_median_ms"] = statistics.median(row.pop("passes_median_ms"))
             row["measured_min_ms"] = min(row.pop("passes_min_ms"))
