@@ -9,7 +9,9 @@ from trainsim.errors import UserError
 from trainsim.graph.ir import ResourceKind
 from trainsim.transform.ooo import (
     AllReduceCost,
+    HostTerms,
     dp_graph,
+    interpolated_terms,
     predict_dp,
     predict_multistream,
     search_k,
@@ -64,6 +66,22 @@ def test_comm_bound_reordering_helps_and_search_finds_it() -> None:
     best, pred = search_k(prof, 32, net)
     assert best > 0 and pred[best] < pred[0] * 0.97
     assert set(pred) == set(range(6))
+
+
+def test_search_with_host_terms_per_k() -> None:
+    """Host work that grows with k (``interpolated_terms``) moves the search: terms at k = 0 and k = n,
+    linear between; with a large enough cost per reordered layer, k = 0 wins."""
+    prof = _profile()
+    net = AllReduceCost(bw_gbps=4.0, latency_us=100.0)
+    lo, hi = HostTerms(factor=1.0, extra_us=0.0), HostTerms(factor=1.5, extra_us=5000.0)
+    at = interpolated_terms(lo, hi, 5)
+    assert at(0) == lo and at(5) == hi
+    assert at(2).factor == pytest.approx(1.2) and at(2).extra_us == pytest.approx(2000.0)
+    free, _ = search_k(prof, 32, net, host=lo)
+    assert free > 0
+    costly, pred = search_k(prof, 32, net, host=at)
+    assert costly == 0
+    assert pred[5] == pytest.approx(predict_dp(prof, 32, 5, net, host=hi))
 
 
 def test_bad_k() -> None:

@@ -198,3 +198,36 @@ def test_corun_copies_start_together() -> None:
 
     per_rank = _corun_steps("mlp", 2, 8)
     assert len(per_rank) == 2 and all(len(r) >= 5 and all(t > 0 for t in r) for r in per_rank)
+
+
+def test_interleaved_corun_per_round_by_hand() -> None:
+    """Each round's plain steps are cut to the window where every rank ran (``overlapping_steps``),
+    then joined per rank."""
+    from trainsim.validate.dp import interleaved_corun
+
+    # round 1: rank 1 starts 0.1 s late and runs one step alone at the end; round 2: together
+    r0 = [[0.0, 0.1, 0.2, 0.3], [1.0, 1.1, 1.2]]
+    r1 = [[0.1, 0.2, 0.3, 0.45], [1.0, 1.12, 1.24]]
+    got = interleaved_corun([r0, r1])
+    assert got[0] == pytest.approx([100.0, 100.0, 100.0, 100.0])  # 0.1-0.3, then all of round 2
+    assert got[1] == pytest.approx([100.0, 100.0, 120.0, 120.0])  # 0.1-0.3 (0.3-0.45 ran alone)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mode", ["ddp", "p3"])
+def test_interleaved_run_keeps_ranks_in_sync(mode: str) -> None:
+    """With ``interleave`` the measured steps alternate with the plain loop on a copy of the model: as
+    many measured steps as asked, every rank's plain steps per round, and the trained weights still
+    equal on both ranks (the copy never touches them)."""
+    from trainsim.validate.dp import interleaved_corun
+    from trainsim.validate.dp_worker import INTERLEAVE_ROUNDS
+    from trainsim.validate.launch import launch
+
+    cfg = json.dumps({"model": "cnn", "mode": mode, "steps": 8, "warmup": 2, "slice_bytes": 65536,
+                      "interleave": True, "agree_rounds": True})  # fmt: skip
+    data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+    assert data["params_in_sync"] and len(data["step_ms"]) == 8
+    marks = data["corun_marks"]
+    assert len(marks) == 2 and all(len(r) == INTERLEAVE_ROUNDS for r in marks)
+    per_rank = interleaved_corun(marks)
+    assert all(len(r) >= INTERLEAVE_ROUNDS and all(t > 0 for t in r) for r in per_rank)

@@ -88,6 +88,9 @@ class DpRunConfig:
     """``load`` mode: all-reduce sizes (bytes)"""
     probe_reps: tuple[int, ...] = ()
     """``load`` mode: all-reduces per size (every rank runs the same count)"""
+    start_at: float = 0.0
+    """epoch seconds: every rank starts its loop no earlier (copies of a one-rank run launched together
+    then run their loops together: ``validate.ooo.corun_steps``)"""
     trace: bool = False
     """record each step's events (ms from the step's start): forward/backward/weight phase ends, time
     spent waiting for all-reduces, each all-reduce's issue and completion (``OooDataParallel.events``)"""
@@ -309,6 +312,7 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         finish = lambda: None  # noqa: E731
     losses: list[float] = []
     stamps: list[float] = []
+    time.sleep(max(0.0, cfg.start_at - time.time()))
     for s in range(cfg.warmup + cfg.steps):
         if s == 1 and rank == cfg.crash_rank:
             os._exit(3)
@@ -327,6 +331,7 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         "rank": rank,
         "losses": losses,
         "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
+        "marks": stamps,  # the measured steps' starts and the last one's end (time.perf_counter, s)
     }
     if cfg.trace:  # events as ms from each step's start (completions may land in the next step's list)
         result["trace"] = [[(name, round(1e3 * (t - ev[0][1]), 3) if not name.startswith(("wait:", "cpu:")) else round(1e3 * t, 3))

@@ -152,6 +152,32 @@ def _plan_file(
     return path
 
 
+def _predict_ms(
+    prof: Any, c: RunConfig, ccfg: Any, costs: dict[str, Any], cal: Any, link: tuple[float | None, float],
+    hook_ms: float, shapes: dict[str, tuple[int, ...]],
+) -> float:  # fmt: skip
+    """Predicted step of ``c`` from the profile ``prof`` (``validate.dp._Profiled``, at some host speed):
+    plain DDP (``ccfg`` None, ``validate.dp.predict_ms``) or the compression what-if timed by the
+    calibration ``cal`` and the codec costs, with DDP's and the hook's own host work (``hook_ms``)."""
+    from trainsim.simulate.contention import simulate_contended
+    from trainsim.transform.compression import compression
+    from trainsim.transform.dataparallel import dp_step_ms
+    from trainsim.validate.dp import RunConfig as DPRun
+    from trainsim.validate.dp import predict_ms
+
+    if ccfg is None:
+        dpc = DPRun(model=c.model, rate_mbit=link[0], delay_ms=link[1])
+        return predict_ms(prof, dpc, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown)
+    ccfg = dataclasses.replace(ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms))
+    p2p_us, p2p_us_per_byte = cal.p2p_line()
+    g2 = compression(
+        prof.graph, prof.params, prof.layers, shapes, ccfg, costs[json.dumps([c.algorithm, c.options], sort_keys=True)],
+        cal.link, allreduce_time=cal.predict_us, allgather_time=cal.allgather_us, p2p=(p2p_us, p2p_us_per_byte),
+        duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
+    )  # fmt: skip
+    return dp_step_ms(simulate_contended(g2, cal.cpu_us, cal.slowdown).step_ms, "ddp")
+
+
 def run_harness(
     configs: list[RunConfig],
     *,
@@ -167,11 +193,8 @@ def run_harness(
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.compress.secopa import Plan
     from trainsim.models.zoo import build
-    from trainsim.simulate.contention import simulate_contended
-    from trainsim.transform.compression import CodecCost, CompressConfig, compression
-    from trainsim.transform.dataparallel import dp_step_ms
-    from trainsim.validate.dp import RunConfig as DPRun
-    from trainsim.validate.dp import _corun_steps, _profile, median_of_passes, predict_ms
+    from trainsim.transform.compression import CodecCost, CompressConfig
+    from trainsim.validate.dp import _profile, interleaved_corun, median_of_passes
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, netns_unavailable
 
@@ -231,15 +254,11 @@ def run_harness(
                 for k in range(passes):
                     for i, c in enumerate(group):
                         tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
-                        prof = profiled[c.model].at_host_speed(_corun_steps(c.model, 2, max(10, steps)))
                         wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
-                                                "scheme": c.scheme, "steps": steps, "warmup": warmup}  # fmt: skip
-                        if c.algorithm == "none":
-                            pred = predict_ms(
-                                prof, DPRun(model=c.model, rate_mbit=rate, delay_ms=delay), cal.predict_us,
-                                cpu_us=cal.cpu_us, slowdown=cal.slowdown,
-                            )
-                        else:
+                                                "scheme": c.scheme, "steps": steps, "warmup": warmup,
+                                                "interleave": True}  # fmt: skip
+                        ccfg = None
+                        if c.algorithm != "none":
                             cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
                             plan = None
                             if c.plan:
@@ -248,29 +267,27 @@ def run_harness(
                                 wcfg["plan"] = str(path)
                             ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan)
                             if i not in hook_ms:
-                                hook_ms[i] = _hook_overhead_ms(wcfg, ccfg, cost, cal.link, prof.params, shapes[c.model])
+                                hook_ms[i] = _hook_overhead_ms(wcfg, ccfg, cost, cal.link, profiled[c.model].params,
+                                                               shapes[c.model])  # fmt: skip
                                 log(f"  the hook's own work beyond its codec: {hook_ms[i]:.2f} ms/step (one process)")
-                            ccfg = dataclasses.replace(
-                                ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms[i])
-                            )
-                            g2 = compression(
-                                prof.graph, prof.params, prof.layers, shapes[c.model], ccfg, cost, cal.link,
-                                allreduce_time=cal.predict_us, allgather_time=cal.allgather_us,
-                                p2p=(p2p_us, p2p_us_per_byte), duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
-                            )
-                            res2 = simulate_contended(g2, cal.cpu_us, cal.slowdown)
-                            pred = dp_step_ms(res2.step_ms, "ddp")
-                        # slow runs (plain DDP on a slow link: seconds per step) measure fewer steps
-                        wcfg["steps"] = steps if pred < 1000 else max(3, steps // 3)
-                        log(f"running {c.label()}{tag} (predicted {pred:.1f} ms)")
+
+                        what = (c, ccfg, costs, cal, (rate, delay), hook_ms.get(i, 0.0), shapes[c.model])
+                        # slow runs (plain DDP on a slow link: seconds per step) measure fewer steps; the
+                        # profile-time prediction decides
+                        wcfg["steps"] = steps if _predict_ms(profiled[c.model], *what) < 1000 else max(3, steps // 3)
+                        log(f"running {c.label()}{tag}, its steps interleaved with the plain loop")
                         out = launch(
                             2, ["-m", "trainsim.validate.compress", json.dumps(wcfg)], net=net, timeout_s=600
                         )
                         data = json.loads(out[0].strip().splitlines()[-1])
                         meas = [float(x) for x in data["step_ms"]]
+                        # predicted at the host's speed during the run: the plain loop's steps between
+                        # the measured ones (``validate.dp``, ``interleaved_corun``)
+                        pred = _predict_ms(profiled[c.model].at_host_speed(interleaved_corun(data["corun_marks"])), *what)
                         res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
                                         bool(data.get("params_in_sync", True)))  # fmt: skip
-                        log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+                        log(f"  predicted {res.predicted_ms:.1f} ms, measured {res.measured_ms:.1f} ms, "
+                            f"error {res.error_pct:+.1f}%")  # fmt: skip
                         runs[i].append(res)
                 for c, done in zip(group, runs, strict=True):
                     res = median_of_passes(done)
@@ -365,12 +382,15 @@ def _hook_vs_plain(model: Any, wrap: Any, batch: Any, warmup: int, steps: int) -
 
 
 def worker(cfg: dict[str, Any]) -> None:
+    import copy
+
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainsim.models.zoo import ZooSpec, build_with_batches
     from trainsim.run.hooks import CompressionState, hook_for
+    from trainsim.validate.dp_worker import interleaved
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -413,35 +433,47 @@ def worker(cfg: dict[str, Any]) -> None:
     if cfg.get("overhead"):  # one process: the hook's step vs plain DDP's, alternating
         print(json.dumps(_hook_vs_plain(model, wrap, batch, int(cfg["warmup"]), int(cfg["steps"]))), flush=True)
         return
+    plain_net = copy.deepcopy(model) if cfg.get("interleave") else None  # before DDP: the plain loop's copy
     net = wrap(model)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     warmup, steps = int(cfg["warmup"]), int(cfg["steps"])
-    starts, cpu, main_cpu, bwd = [], [], [], []
-    for step in range(warmup + steps + 1):
-        if trace is not None and step == warmup:
-            trace.clear()
-        starts.append(time.perf_counter())
-        cpu.append(time.process_time())
-        main_cpu.append(time.thread_time())
-        x, y = batch(step * 1000 + rank)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        t0 = time.perf_counter()
-        loss.backward()  # with DDP: until every bucket's hook future is done
-        bwd.append((time.perf_counter() - t0) * 1e3)
-        opt.step()
-    step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
-    diag: dict[str, list[Any]] = {
-        "cpu_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(cpu)][warmup:],
-        "main_thread_cpu_ms": [(b - a) * 1e3 for a, b in itertools.pairwise(main_cpu)][warmup:],
-        "backward_ms": bwd[warmup:-1],
-    }
-    if trace is not None:  # relative to the first measured step's start, ms
-        t_ref = starts[warmup]
-        diag["buckets"] = [(b, *(round((t - t_ref) * 1e3, 3) for t in ts)) for b, *ts in trace]
-        diag["step_starts_ms"] = [round((t - t_ref) * 1e3, 3) for t in starts[warmup:]]
-        diag["t_ref_s"] = [t_ref]  # time.perf_counter (CLOCK_MONOTONIC: one clock for every rank on a host)
+    diag: dict[str, list[Any]] = {"cpu_ms": [], "main_thread_cpu_ms": [], "backward_ms": []}
+
+    def segment(w: int, n: int, first: int) -> list[float]:
+        """``w + n + 1`` steps numbered from ``first``; their starts (the last ``n`` steps' host figures
+        go to ``diag``)."""
+        starts, cpu, main_cpu, bwd = [], [], [], []
+        for step in range(first, first + w + n + 1):
+            if trace is not None and step == first + w:
+                trace.clear()
+            starts.append(time.perf_counter())
+            cpu.append(time.process_time())
+            main_cpu.append(time.thread_time())
+            x, y = batch(step * 1000 + rank)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(x), y)
+            t0 = time.perf_counter()
+            loss.backward()  # with DDP: until every bucket's hook future is done
+            bwd.append((time.perf_counter() - t0) * 1e3)
+            opt.step()
+        diag["cpu_ms"] += [(b - a) * 1e3 for a, b in itertools.pairwise(cpu)][w:]
+        diag["main_thread_cpu_ms"] += [(b - a) * 1e3 for a, b in itertools.pairwise(main_cpu)][w:]
+        diag["backward_ms"] += bwd[w:-1]
+        return starts
+
+    extra: dict[str, Any] = {}
+    if plain_net is not None:  # the measured steps alternate with the plain loop (``dp_worker.interleaved``)
+        step_ms, extra["corun_marks"] = interleaved(segment, plain_net, batch, loss_fn, 0.01, steps=steps,
+                                                    warmup=warmup)  # fmt: skip
+    else:
+        starts = segment(warmup, steps, 0)
+        step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
+        if trace is not None:  # relative to the first measured step's start, ms
+            t_ref = starts[warmup]
+            diag["buckets"] = [(b, *(round((t - t_ref) * 1e3, 3) for t in ts)) for b, *ts in trace]
+            diag["step_starts_ms"] = [round((t - t_ref) * 1e3, 3) for t in starts[warmup:]]
+            diag["t_ref_s"] = [t_ref]  # time.perf_counter (CLOCK_MONOTONIC: one clock for every rank on a host)
     t = torch.tensor(step_ms, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     check = torch.tensor(
@@ -451,7 +483,7 @@ def worker(cfg: dict[str, Any]) -> None:
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
     if rank == 0 or trace is not None:  # traced: every rank's timeline (its own stdout)
-        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag}), flush=True)
+        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag, **extra}), flush=True)
     dist.barrier()
 
 

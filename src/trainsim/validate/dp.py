@@ -18,9 +18,12 @@ Per configuration ``(model, link rate, added latency, mode)``:
    (``trainsim.validate.netns``); **calibrate** the gloo all-reduce on it (``trainsim.cluster.calibrate``),
    once per link;
 3. **predict**: ``trainsim.transform.dataparallel.data_parallel`` adds DDP buckets (or P3 slices) timed
-   by the calibrated model to the single-process graph; ``trainsim.simulate.engine.simulate`` replays it;
+   by the calibrated model to the single-process graph; ``trainsim.simulate.engine.simulate`` replays it,
+   at the host's speed read during the run of step 4;
 4. **measure**: real training, one gloo process per namespace (``trainsim.validate.dp_worker``: torch DDP,
-   or the P3-style runtime), median step time after warm-up;
+   or the P3-style runtime), median step time after warm-up; the measured steps alternate with a few
+   steps of the plain loop on every rank at once (``dp_worker.interleaved``), the co-run loop of that
+   minute;
 5. print both and the error. Everything it creates is removed at the end, also on Ctrl-C.
 
 Without the rights to make namespaces it says so once and runs on unshaped loopback instead.
@@ -236,6 +239,16 @@ def overlapping_steps(marks: list[list[float]], min_steps: int = 5) -> list[list
     return out
 
 
+def interleaved_corun(every: list[list[list[float]]]) -> list[list[float]]:
+    """Per rank, the plain loop's steps of an interleaved run (``dp_worker.interleaved``: per rank, per
+    round, step starts) that ran while every rank ran the loop (``overlapping_steps``, per round)."""
+    per_rank: list[list[float]] = [[] for _ in every]
+    for marks in zip(*every, strict=True):  # one round: every rank's starts
+        for r, steps in enumerate(overlapping_steps(list(marks), min_steps=2)):
+            per_rank[r] += steps
+    return per_rank
+
+
 def _median_step_ms(per_rank: list[list[float]]) -> float:
     """The typical step of a co-run: the median over ranks of each rank's median step."""
     return float(statistics.median(statistics.median(r) for r in per_rank))
@@ -399,31 +412,37 @@ def _one_pass(
     c: RunConfig, prof: _Profiled, cal: Any, net: Any, *, steps: int, warmup: int, torchrun: bool, corun: bool,
     recheck_host: bool, log: Callable[[str], None], tag: str = "",
 ) -> RunResult:  # fmt: skip
-    """Predict ``c`` at the host's current speed, then run it for real on ``net``: one pass."""
+    """Run ``c`` for real on ``net`` and predict it at the host's speed meanwhile: one pass."""
     from trainsim.validate.launch import launch
 
     base = prof
-    if corun and recheck_host:
-        prof = prof.at_host_speed(_corun_steps(c.model, c.world, max(10, steps)))
     rounds = c.mode == "p3" and p3_uses_rounds(cal.predict_us, c.world)
     agree = None
     if rounds and corun:
         log(f"timing the P3 runtime's agreement round while {c.model} trains")
         agree = agree_round_us(c.model, c.world, net)
-    # with rounds, the runtime meets the other rank before every slice: the wait for the slowest rank is
-    # the ranks' spread while the communication thread works, which the probe measured
-    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
-                      agree_us=None if agree is None else agree.round_us,
-                      straggler_wait_ms=None if agree is None else agree.straggler_ms)  # fmt: skip
-    pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
-    log(f"running {c.label()}{tag} (predicted {pred:.1f} ms)")
-    wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup, "slice_bytes": c.slice_bytes}
+    # ``interleave``: the run alternates its measured steps with the plain loop on every rank at once,
+    # the co-run loop of the same minute (``dp_worker.interleaved``): the prediction then uses the
+    # host's speed of the run, not that of a reading a minute before it (the cnn's co-run loop read
+    # 44.7-54.4 ms before runs that measured 57-62 ms)
+    interleave = corun and recheck_host
+    log(f"running {c.label()}{tag}" + (", its steps interleaved with the plain loop" if interleave else ""))
+    wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup, "slice_bytes": c.slice_bytes,
+            "interleave": interleave}  # fmt: skip
     if c.mode == "p3":  # the mode the prediction assumed (the runtime's own probe is as noisy)
         wcfg["agree_rounds"] = rounds
     out = launch(c.world, ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)], net=net, timeout_s=600,
                  torchrun=torchrun)  # fmt: skip
     data = json.loads(out[0].strip().splitlines()[-1])
     meas = [float(x) for x in data["step_ms"]]
+    if interleave:
+        prof = prof.at_host_speed(interleaved_corun(data["corun_marks"]))
+    # with rounds, the runtime meets the other rank before every slice: the wait for the slowest rank is
+    # the ranks' spread while the communication thread works, which the probe measured
+    pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
+                      agree_us=None if agree is None else agree.round_us,
+                      straggler_wait_ms=None if agree is None else agree.straggler_ms)  # fmt: skip
+    pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
     res = RunResult(
         c, pred, float(statistics.median(meas)), meas,
         {"a_us": round(cal.a_us, 2), "b_us_per_byte": cal.b_us_per_byte, "floor_us": round(cal.floor_us, 2),
@@ -438,7 +457,7 @@ def _one_pass(
         bool(data.get("params_in_sync", True)),
         pred_alone,
     )  # fmt: skip
-    log(f"  measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
+    log(f"  predicted {res.predicted_ms:.1f} ms, measured {res.measured_ms:.1f} ms, error {res.error_pct:+.1f}%")
     return res
 
 
@@ -489,7 +508,8 @@ def run_harness(
     """Profile, calibrate, predict and measure every configuration; return results and notes.
     ``torchrun``: start the training ranks with ``python -m torch.distributed.run``; ``corun=False``:
     predict from the single-process profile alone (no co-run factor); ``recheck_host``: measure the
-    co-run step time again just before each run (``_Profiled.at_host_speed``); ``passes``: predict and
+    co-run step time again during each run, interleaved with its measured steps
+    (``dp_worker.interleaved``, ``_Profiled.at_host_speed``); ``passes``: predict and
     measure each configuration that many times, all configurations of a link once per pass, and report
     the medians (``median_of_passes``)."""
     from trainsim.cluster.calibrate import calibrate, default_sizes

@@ -25,6 +25,7 @@ the first measured step's start, and ``step_starts_ms``; every rank then prints 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -132,10 +133,16 @@ class P3Runtime:
     def end_step(self) -> None:
         self.first_step = False
 
-    def finish(self) -> None:
-        """Wait for the last step's slices, apply them, stop the thread."""
+    def drain(self) -> None:
+        """Wait for the last step's slices and apply them; the next step starts afresh (its forward
+        waits for nothing), e.g. after other work in between (``interleaved``)."""
         for li in range(len(self.layers)):
             self._before_forward(li)
+        self.first_step = True
+
+    def finish(self) -> None:
+        """Wait for the last step's slices, apply them, stop the thread."""
+        self.drain()
         with self.cond:
             self.stop = True
             self.cond.notify_all()
@@ -234,14 +241,75 @@ def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: i
     return [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]
 
 
-def _p3_steps(
-    rt: P3Runtime, model: Any, batch: Any, loss_fn: Any, warmup: int, steps: int, rank: int, trace: bool
-) -> list[float]:
-    """Run ``warmup + steps + 1`` training steps through the P3 runtime; return each step's start."""
+def _ddp_steps(net: Any, opt: Any, batch: Any, loss_fn: Any, warmup: int, steps: int, rank: int, first: int = 0) -> list[float]:
+    """Run ``warmup + steps + 1`` training steps of ``net`` (DDP around a module); return each step's
+    start. ``first``: the first step's number (each rank's data is ``batch(step * 1000 + rank)``)."""
     starts = []
-    for step in range(warmup + steps + 1):
+    for step in range(first, first + warmup + steps + 1):
         starts.append(time.perf_counter())
-        if step == warmup and trace:
+        x, y = batch(step * 1000 + rank)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()
+    return starts
+
+
+INTERLEAVE_ROUNDS = 4
+"""plain and measured segments per run where the harness asks for ``interleave`` (``interleaved``)"""
+
+
+def interleaved(
+    measured: Any, plain_net: Any, batch: Any, loss_fn: Any, lr: float, *, steps: int, warmup: int,
+    rounds: int = INTERLEAVE_ROUNDS, seg_warmup: int = 2,
+) -> tuple[list[float], list[list[list[float]]]]:  # fmt: skip
+    """Measured steps interleaved with the plain loop, so that a prediction can use the host's speed of
+    the same minute, on the same cores and processes, as the measurement.
+
+    ``rounds`` times: every rank runs a few steps of the plain loop on ``plain_net`` (a copy of the
+    model, no communication: the co-run loop of ``validate.dp``, all ranks at once), then
+    ``measured(warmup, n, first)`` (e.g. ``_ddp_steps``), which runs ``warmup + n + 1`` steps numbered
+    from ``first`` and returns their starts; its first ``warmup`` steps (``warmup`` in the first round,
+    else ``seg_warmup``: the ranks meet again after the plain steps) are dropped. A shared host's speed
+    drifts by tens of percent within a minute (cnn's plain loop read 45, 52 and 58 ms in three minutes
+    on this VM), so a co-run factor taken before the run can be far from the run's. Returns the ``steps``
+    measured step times (ms) and, per rank, per round, the plain loop's step starts (seconds on the
+    host's monotonic clock: ``validate.dp.overlapping_steps`` keeps the steps that ran while every rank
+    ran the loop)."""
+    import torch.distributed as dist
+
+    rounds = max(1, min(rounds, steps))
+    per = -(-steps // rounds)
+    out: list[float] = []
+    plain: list[list[float]] = []
+    first = 0
+    for r in range(rounds):
+        n = min(per, steps - len(out))
+        if n <= 0:
+            break
+        dist.barrier()
+        pw = 2 if r == 0 else 1
+        plain.append(loop_marks(plain_net, batch, loss_fn, lr, pw, n)[pw:])
+        w = warmup if r == 0 else seg_warmup
+        starts = measured(w, n, first)
+        first += w + n + 1
+        out += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][w:]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, plain)
+    return out, every
+
+
+def _p3_steps(
+    rt: P3Runtime, model: Any, batch: Any, loss_fn: Any, warmup: int, steps: int, rank: int, trace: bool,
+    first: int = 0,
+) -> list[float]:  # fmt: skip
+    """Run ``warmup + steps + 1`` training steps through the P3 runtime, numbered from ``first``; return
+    each step's start."""
+    starts = []
+    for step in range(first, first + warmup + steps + 1):
+        starts.append(time.perf_counter())
+        if step == first + warmup and trace:
             rt.log = []
         x, y = batch(step * 1000 + rank)
         rt.begin_step()
@@ -366,6 +434,8 @@ def main(cfg: dict[str, Any]) -> None:
     from trainsim.models.zoo import ZooSpec, build_with_batches
 
     torch.set_num_threads(int(cfg.get("threads", 1)))
+    if "switch_interval_ms" in cfg:
+        sys.setswitchinterval(float(cfg["switch_interval_ms"]) / 1e3)
     spec = ZooSpec(batch_size=int(cfg.get("batch_size", 32)))
     model, batch = build_with_batches(cfg["model"], seed=int(cfg.get("seed", 0)), spec=spec)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -377,8 +447,8 @@ def main(cfg: dict[str, Any]) -> None:
         # copy has imported torch); ``marks`` lets the caller keep the steps that ran while all did
         time.sleep(max(0.0, float(cfg.get("start_at", 0.0)) - time.time()))
         marks = loop_marks(model, batch, loss_fn, lr, warmup, steps)
-        step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]
-        print(json.dumps({"step_ms": step_ms, "marks": marks[warmup:]}), flush=True)
+        ms = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]
+        print(json.dumps({"step_ms": ms, "marks": marks[warmup:]}), flush=True)
         return
     dist.init_process_group("gloo")
     if mode == "overhead":  # one process: DDP's own host cost per step (see ``ddp_overhead``)
@@ -395,21 +465,23 @@ def main(cfg: dict[str, Any]) -> None:
     rank = dist.get_rank()
     starts: list[float] = []
     extra: dict[str, Any] = {}
+    step_ms: list[float] | None = None
+    # ``interleave``: the measured steps alternate with the plain loop on a copy of the model (the
+    # host's speed meanwhile, ``interleaved``); the copy's weights never meet the model's
+    plain_net = copy.deepcopy(model) if cfg.get("interleave") else None
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         net = DDP(model)
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-        for step in range(warmup + steps + 1):
-            starts.append(time.perf_counter())
-            x, y = batch(step * 1000 + rank)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(net(x), y)
-            loss.backward()
-            opt.step()
-            loss.detach().item()
+        if plain_net is not None:
+            step_ms, extra["corun_marks"] = interleaved(
+                lambda w, n, first: _ddp_steps(net, opt, batch, loss_fn, w, n, rank, first),
+                plain_net, batch, loss_fn, lr, steps=steps, warmup=warmup)  # fmt: skip
+        else:
+            starts = _ddp_steps(net, opt, batch, loss_fn, warmup, steps, rank)
         data = net._get_ddp_logging_data()
-        extra = {k: data.get(k) for k in ("rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices")}
+        extra.update({k: data.get(k) for k in ("rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices")})
     elif mode == "p3":
         # same initial weights on every rank (DDP broadcasts them; here rank 0's are broadcast once)
         for p in model.parameters():
@@ -417,7 +489,17 @@ def main(cfg: dict[str, Any]) -> None:
         rounds = cfg.get("agree_rounds")
         rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)), float(cfg.get("agree_max_us", 3000.0)),
                        None if rounds is None else bool(rounds))  # fmt: skip
-        starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, rank, bool(cfg.get("trace")))
+        if plain_net is not None:
+
+            def p3_segment(w: int, n: int, first: int) -> list[float]:
+                starts = _p3_steps(rt, model, batch, loss_fn, w, n, rank, False, first)
+                rt.drain()  # the segment's last slices land before the plain steps
+                return starts
+
+            step_ms, extra["corun_marks"] = interleaved(p3_segment, plain_net, batch, loss_fn, lr, steps=steps,
+                                                        warmup=warmup)  # fmt: skip
+        else:
+            starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, rank, bool(cfg.get("trace")))
         rt.finish()
         extra["p3_agreement_rounds"] = rt.agree_rounds
         if rt.log is not None:  # --- timeline of the measured steps, relative to their first start
@@ -427,7 +509,8 @@ def main(cfg: dict[str, Any]) -> None:
             extra["t_ref_s"] = t_ref  # time.perf_counter (CLOCK_MONOTONIC: one clock for every rank on a host)
     else:
         raise SystemExit(f"dp_worker: unknown mode {mode!r}")
-    step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
+    if step_ms is None:
+        step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
     t = torch.tensor(step_ms, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     # every rank must hold the same weights after training: a check that gradients were synchronised

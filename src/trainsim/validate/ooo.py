@@ -111,23 +111,34 @@ def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]
     }
 
 
+CORUN_START_S = 6.0
+"""the copies of ``corun_steps`` start their loops this long after launch (all have set up by then)"""
+
+
 def corun_steps(cfg: Any, copies: int = 2) -> tuple[list[float], list[list[float]]]:
     """Step times (ms) of the one-rank run ``cfg`` (a ``DpRunConfig`` with ``world_size=1``: no
     communication) alone, and of ``copies`` of it at once, as ranks sharing this host run. The runs
     alone come before and after the copies (both returned, in that order): a host that drifts, or a
     burst of load during one run, then moves both sides of the ratio the caller takes, not one (a
-    single pair once gave a co-run factor of 1.57 where the microbatch sizes beside it gave 1.00)."""
+    single pair once gave a co-run factor of 1.57 where the microbatch sizes beside it gave 1.00).
+    The copies start their loops at one moment (``start_at``), and only the steps that ran while every
+    copy ran count (``validate.dp.overlapping_steps``): a copy that starts a second late runs its
+    last steps alone, faster (the transformer's factor read 1.00-1.04 here where ``validate dp``'s
+    co-run loop reads 1.09-1.20)."""
     from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import replace
 
     from trainsim.run.ooo_dp import run_dp
+    from trainsim.validate.dp import overlapping_steps
 
     def alone() -> list[float]:
         return list(run_dp(cfg, port=random.randint(20000, 60000))["ranks"][0]["step_ms"])
 
     before = alone()
+    together = replace(cfg, start_at=time.time() + CORUN_START_S)
     with ThreadPoolExecutor(copies) as pool:
-        futures = [pool.submit(run_dp, cfg, port=random.randint(20000, 60000)) for _ in range(copies)]
-        both = [f.result()["ranks"][0]["step_ms"] for f in futures]
+        futures = [pool.submit(run_dp, together, port=random.randint(20000, 60000)) for _ in range(copies)]
+        both = overlapping_steps([f.result()["ranks"][0]["marks"] for f in futures])
     return before + alone(), both
 
 
@@ -209,7 +220,7 @@ def run_ooo_validation(
     from trainsim.capture.layerprofile import profile_layers
     from trainsim.cluster.calibrate import calibrate
     from trainsim.run.ooo_dp import DpRunConfig, check_k, run_dp
-    from trainsim.transform.ooo import predict_dp, search_k
+    from trainsim.transform.ooo import interpolated_terms, predict_dp, search_k
 
     if passes < 1:
         raise UserError(f"validate ooo-dp: passes={passes}; expected >= 1")
@@ -237,8 +248,11 @@ def run_ooo_validation(
                                       strict=True)))  # fmt: skip
             log("timing the runtime in one-rank groups (alone, then two at once)")
             terms = {0: host_terms(case, prof, 0, steps, warmup)}
-            if case.k is None:  # the search uses k = 0's host terms for every k
-                k, _ = search_k(prof, case.batch_size, cal.predict_us, cpu_us, slowdown, host=terms[0])
+            if case.k is None:  # the search: host terms measured at k = 0 and k = n, linear between
+                n = len(rows)
+                terms[n] = host_terms(case, prof, n, steps, warmup)
+                k, _ = search_k(prof, case.batch_size, cal.predict_us, cpu_us, slowdown,
+                                host=interpolated_terms(terms[0], terms[n], n))  # fmt: skip
             else:
                 k = case.k
             if k not in terms:
