@@ -434,8 +434,6 @@ def main(cfg: dict[str, Any]) -> None:
     from trainsim.models.zoo import ZooSpec, build_with_batches
 
     torch.set_num_threads(int(cfg.get("threads", 1)))
-    if "switch_interval_ms" in cfg:
-        sys.setswitchinterval(float(cfg["switch_interval_ms"]) / 1e3)
     spec = ZooSpec(batch_size=int(cfg.get("batch_size", 32)))
     model, batch = build_with_batches(cfg["model"], seed=int(cfg.get("seed", 0)), spec=spec)
     loss_fn = torch.nn.CrossEntropyLoss()
