@@ -123,3 +123,21 @@ def test_corun_extra_is_zero_on_one_thread_or_without_a_factor() -> None:
     assert not corun_extra_us(start, end, np.array([0, 1]), np.array([0, 1]), 1.0).any()
     # on two threads, 50 us of overlap each at factor 2: 25 us more each
     assert corun_extra_us(start, end, np.array([0, 1]), np.array([0, 1]), 2.0) == pytest.approx([25.0, 25.0])
+
+
+def test_helper_thread_work_delays_the_compute_it_overlaps() -> None:
+    """A decode on the future's thread (``helper_threads``) is the rank's own CPU work: on a host whose
+    cores the ranks fill, it delays the compute it overlaps by all of its time; not named, it runs
+    beside the compute for free."""
+    b = GraphBuilder("t")
+    main = b.resource("cpu:main", ResourceKind.CPU_THREAD)
+    cb = b.resource("cpu:hook-callback", ResourceKind.CPU_THREAD)
+    a = b.task("backward:a", TaskKind.CPU, main, 100.0)
+    b.task("decode", TaskKind.CPU, cb, 40.0, deps=[a])
+    nxt = b.task("backward:b", TaskKind.CPU, main, 100.0)
+    g = b.build()
+    free = simulate_with_host_cpu(g, np.zeros(g.n_tasks))
+    assert free.end_us[nxt] == pytest.approx(200.0)
+    res = simulate_with_host_cpu(g, np.zeros(g.n_tasks), helper_threads=("cpu:hook-callback",))
+    assert res.end_us[nxt] - res.start_us[nxt] == pytest.approx(140.0, rel=1e-3)
+    assert res.makespan_us == pytest.approx(240.0, rel=1e-3)

@@ -66,16 +66,18 @@ MAX_STOLEN_SHARE = 0.5
 kernel's fair scheduler splits a contended core evenly)."""
 
 
-def stretched_us(start: F64, base: F64, comm_start: F64, comm_end: F64, share: F64, victims: np.ndarray) -> F64:
+def stretched_us(
+    start: F64, base: F64, comm_start: F64, comm_end: F64, share: F64, victims: np.ndarray,
+    cap: float = MAX_STOLEN_SHARE,
+) -> F64:  # fmt: skip
     """New durations of the victims: each needs ``base`` of CPU and loses the transfers' load (at most
-    ``MAX_STOLEN_SHARE``) while it runs, so it lasts ``x = base + integral of the load over [s, s + x]``
-    (solved by fixed-point iteration: a contraction, the load being below 1)."""
+    ``cap``) while it runs, so it lasts ``x = base + integral of the load over [s, s + x]`` (solved by
+    fixed-point iteration: a contraction while the load stays below 1; at 1 the victim waits out the
+    load)."""
     out = base.copy()
     if not share.size or not victims.size:
         return out
-    t, cum = _load_integral(
-        comm_start, comm_end, np.arange(share.size), share, MAX_STOLEN_SHARE
-    )
+    t, cum = _load_integral(comm_start, comm_end, np.arange(share.size), share, cap)
     s = start[victims]
     fs = np.interp(s, t, cum)
     x = base[victims].copy()
@@ -108,12 +110,13 @@ def comm_slowdown_column(g: TaskGraph, slowdown: Callable[[float], float]) -> F6
 
 
 def simulate_contended(
-    g: TaskGraph, cpu_us: Callable[[float], float], slowdown: Callable[[float], float] | None = None
-) -> SimResult:
+    g: TaskGraph, cpu_us: Callable[[float], float], slowdown: Callable[[float], float] | None = None,
+    *, helper_threads: tuple[str, ...] = (),
+) -> SimResult:  # fmt: skip
     """``simulate_with_host_cpu`` with both columns derived from per-size functions (a calibration's
-    ``cpu_us`` and ``slowdown``)."""
+    ``cpu_us`` and ``slowdown``); ``helper_threads``: see ``simulate_with_host_cpu``."""
     sigma = None if slowdown is None else comm_slowdown_column(g, slowdown)
-    return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma)
+    return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma, helper_threads=helper_threads)
 
 
 def corun_extra_us(start: F64, end: F64, resource: np.ndarray, victims: np.ndarray, factor: float) -> F64:
@@ -142,6 +145,7 @@ def simulate_with_host_cpu(
     rounds: int = 3,
     busy_share: float = 1.0,
     corun_factor: float = 1.0,
+    helper_threads: tuple[str, ...] = (),
 ) -> SimResult:
     """Replay ``g`` with communication tasks taking ``comm_cpu_us`` (per task; 0 for the rest) of host
     CPU from the compute threads they overlap, and running ``comm_slowdown`` times slower (per task,
@@ -150,7 +154,11 @@ def simulate_with_host_cpu(
     (the others do the same), ``1 / ranks`` for a graph of every rank, where the slowdown measured with
     every rank computing applies in full only while all of them do. ``corun_factor``: for a graph of
     several ranks on one host, how much slower computation runs while another rank's computes
-    (``corun_extra_us``)."""
+    (``corun_extra_us``). ``helper_threads``: names of CPU-thread resources whose tasks (e.g. a
+    communication hook's decode on the thread that completes its future) are all host CPU work of the
+    rank beside its compute thread: they take all of their time from the compute tasks they overlap.
+    Where every core already computes (a rank per core, as on this 2-vCPU host with 2 ranks), a
+    second thread of a rank gets no core of its own: its work delays the rank's computation."""
     cpu = np.asarray(comm_cpu_us, dtype=np.float64)
     if cpu.shape != (g.n_tasks,):
         raise ValueError(f"comm_cpu_us has shape {cpu.shape}, expected ({g.n_tasks},)")
@@ -158,18 +166,23 @@ def simulate_with_host_cpu(
     if sigma.shape != (g.n_tasks,):
         raise ValueError(f"comm_slowdown has shape {sigma.shape}, expected ({g.n_tasks},)")
     res = simulate(g)
-    comm = np.flatnonzero(((cpu > 0) | (sigma > 1)) & (g.kind == TaskKind.COMM) & (g.dur_us > 0))
-    if not comm.size and corun_factor <= 1.0:
-        return res
     on_cpu = np.array([r.kind == ResourceKind.CPU_THREAD for r in g.resources], bool)[g.resource]
     working = (g.kind == TaskKind.CPU) | (g.kind == TaskKind.RUNTIME)  # not SYNC: waiting needs no CPU
-    victims = np.flatnonzero(on_cpu & working & (g.dur_us > 0))
+    helper_res = np.array([r.name in helper_threads for r in g.resources], bool)[g.resource]
+    helpers = np.flatnonzero(on_cpu & working & helper_res & (g.dur_us > 0))
+    comm = np.flatnonzero(((cpu > 0) | (sigma > 1)) & (g.kind == TaskKind.COMM) & (g.dur_us > 0))
+    if not comm.size and not helpers.size and corun_factor <= 1.0:
+        return res
+    victims = np.flatnonzero(on_cpu & working & ~helper_res & (g.dur_us > 0))
     base = g.dur_us
     for _ in range(rounds):
         cs, ce = res.start_us[comm], res.end_us[comm]
         d = ce - cs
         share = np.minimum(1.0, cpu[comm] / np.maximum(d, 1e-9))
         dur = stretched_us(res.start_us, base, cs, ce, share, victims)
+        if helpers.size:  # a helper thread's task is CPU work for all of its span, and takes all of it
+            hs, he = res.start_us[helpers], res.end_us[helpers]
+            dur += stretched_us(res.start_us, base, hs, he, np.ones(helpers.size), victims, cap=1.0) - base
         dur += corun_extra_us(res.start_us, res.end_us, g.resource, victims, corun_factor)
         # during the B us of its span in which the compute threads are busy, a transfer progresses at
         # 1/sigma of its speed: it lasts base + B (1 - 1/sigma)

@@ -298,6 +298,10 @@ def compression(
     return _apply(g, rows, cfg, p)
 
 
+CALLBACK_THREAD = "cpu:hook-callback"
+"""the resource of the work done on the thread that completes a collective's future (decode-and-merge)"""
+
+
 class _Rows:
     """New tasks as plain rows; ``deps``/``waits`` are old task ids, ``after`` indices of new rows."""
 
@@ -334,7 +338,7 @@ class _Rows:
     ) -> int:
         """On the thread that completes the collective's future (decode-and-merge)."""
         order = self.comm_order + 1e-3 * len(self.rows)
-        return self._add("cpu:hook-callback", name, dur, order, -1, None, after, waits)
+        return self._add(CALLBACK_THREAD, name, dur, order, -1, None, after, waits)
 
 
 def _apply(g: TaskGraph, table: _Rows, cfg: CompressConfig, p: int) -> TaskGraph:

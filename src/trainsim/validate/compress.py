@@ -160,7 +160,7 @@ def _predict_ms(
     plain DDP (``ccfg`` None, ``validate.dp.predict_ms``) or the compression what-if timed by the
     calibration ``cal`` and the codec costs, with DDP's and the hook's own host work (``hook_ms``)."""
     from trainsim.simulate.contention import simulate_contended
-    from trainsim.transform.compression import compression
+    from trainsim.transform.compression import CALLBACK_THREAD, compression
     from trainsim.transform.dataparallel import dp_step_ms
     from trainsim.validate.dp import RunConfig as DPRun
     from trainsim.validate.dp import predict_ms
@@ -175,7 +175,9 @@ def _predict_ms(
         cal.link, allreduce_time=cal.predict_us, allgather_time=cal.allgather_us, p2p=(p2p_us, p2p_us_per_byte),
         duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
     )  # fmt: skip
-    return dp_step_ms(simulate_contended(g2, cal.cpu_us, cal.slowdown).step_ms, "ddp")
+    # the decodes on the future's thread: the rank's own CPU on a host whose cores the ranks fill
+    res = simulate_contended(g2, cal.cpu_us, cal.slowdown, helper_threads=(CALLBACK_THREAD,))
+    return dp_step_ms(res.step_ms, "ddp")
 
 
 def run_harness(
