@@ -51,7 +51,8 @@ def main() -> int:
         "Model mlp (zoo, ~2.4M parameters), 2 gloo processes with one thread each, batch 32, median of 20 steps "
         "(a third of them where a step takes over a second) after 2 warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
         f"-> simulator. Each configuration is predicted and run once per pass ({passes} passes, every "
-        "configuration of a link once per pass, the co-run factor measured again before each run); the table "
+        "configuration of a link once per pass, the co-run factor read during each run, its measured steps "
+        "interleaved with the plain loop); the table "
         "gives the medians over the passes, *passes* each pass's predicted / measured ms.",
         "",
         "| run | predicted ms | measured ms | error % | ranks in sync | passes (predicted / measured ms) |",

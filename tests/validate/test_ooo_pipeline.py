@@ -85,3 +85,23 @@ def test_corun_steps_bracket_the_copies_with_runs_alone() -> None:
     assert len(alone) == 2 * cfg.steps  # one run alone before the copies, one after
     assert [len(b) for b in both] == [cfg.steps, cfg.steps]
     assert min(alone + both[0] + both[1]) > 0
+
+
+@pytest.mark.multiproc
+def test_copies_with_one_start_at_start_their_loops_together() -> None:
+    """``start_at`` holds each copy's loop until one moment, so copies launched together (whose
+    processes come up a second apart) run their steps at once (``corun_steps``)."""
+    import random
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainsim.run.ooo_dp import DpRunConfig, run_dp
+    from trainsim.validate.ooo import CORUN_START_S
+
+    cfg = DpRunConfig(mode="ooo", k=0, world_size=1, model="mlp", batch_size=8, steps=3, warmup=1,
+                      start_at=time.time() + CORUN_START_S)  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(run_dp, cfg, port=random.randint(20000, 60000)) for _ in range(2)]
+        marks = [f.result()["ranks"][0]["marks"] for f in futures]
+    assert all(len(m) == cfg.steps + 1 for m in marks)
+    assert abs(marks[0][0] - marks[1][0]) < 0.5  # perf_counter: one clock for both processes

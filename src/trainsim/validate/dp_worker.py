@@ -18,6 +18,9 @@ Modes:
   SGD update (``P3Runtime``).
 
 Prints one JSON line on rank 0: ``{"step_ms": [...], ...}`` (wall time between consecutive step starts).
+With ``"interleave": true`` (modes ``ddp`` and ``p3``) the measured steps alternate with a few steps of
+the plain loop on a copy of the model, every rank at once (``interleaved``), and the line adds
+``corun_marks``: per rank, per round, the plain steps' starts (the host's speed during the run).
 With ``"trace": true`` the p3 mode adds ``p3_log``: ``(kind, layer, start ms, end ms)`` of every slice
 all-reduce (``"slice"``) and every wait of a forward for its layer's slices (``"wait"``), relative to
 the first measured step's start, and ``step_starts_ms``; every rank then prints its own line.
@@ -33,6 +36,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -261,7 +265,8 @@ INTERLEAVE_ROUNDS = 4
 
 
 def interleaved(
-    measured: Any, plain_net: Any, batch: Any, loss_fn: Any, lr: float, *, steps: int, warmup: int,
+    measured: Callable[[int, int, int], list[float]], plain_net: Any, batch: Any, loss_fn: Any, lr: float, *,
+    steps: int, warmup: int,
     rounds: int = INTERLEAVE_ROUNDS, seg_warmup: int = 2,
 ) -> tuple[list[float], list[list[list[float]]]]:  # fmt: skip
     """Measured steps interleaved with the plain loop, so that a prediction can use the host's speed of
