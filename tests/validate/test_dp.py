@@ -124,6 +124,7 @@ def test_straggler_wait_by_hand() -> None:
 @pytest.mark.multiproc
 def test_agreement_round_probe_two_processes() -> None:
     """The P3 runtime's agreement round, timed while both ranks train: one mean over the steady rounds."""
+    from trainsim.validate.dp_worker import PROBE_PLAIN_STEPS
     from trainsim.validate.launch import launch
 
     cfg = json.dumps({"model": "cnn", "mode": "agree_probe", "rounds": 20, "slice_bytes": 4096})
@@ -134,6 +135,9 @@ def test_agreement_round_probe_two_processes() -> None:
     # every rank's training steps meanwhile (the first, warming up, dropped), as many on each
     a, b = data["steps_ms"]
     assert len(a) == len(b) <= data["train_steps"] - 1 and all(t > 0 for t in a + b)
+    # and the plain loop without the thread, before and after (the first of each dropped)
+    pa, pb = data["plain_steps_ms"]
+    assert len(pa) == len(pb) == 2 * (PROBE_PLAIN_STEPS - 1) and all(t > 0 for t in pa + pb)
 
 
 def test_agree_probe_straggler_needs_steps() -> None:
@@ -143,6 +147,18 @@ def test_agree_probe_straggler_needs_steps() -> None:
     assert AgreeProbe(3000.0, [[50.0] * 9]).straggler_ms is None  # one rank waits for nobody
     steps = [[50.0, 52.0, 70.0, 51.0, 55.0], [60.0, 61.0, 59.0, 75.0, 62.0]]
     assert AgreeProbe(3000.0, steps).straggler_ms == straggler_ms(steps) > 0
+
+
+def test_agree_probe_stretch_by_hand() -> None:
+    """The computation's slowdown while the communication thread works: median step under the rounds
+    over the median plain step, at least 1; None without plain steps."""
+    from trainsim.validate.dp import AgreeProbe
+
+    steps = [[60.0, 66.0, 63.0], [61.0, 64.0, 65.0]]  # per-rank medians 63, 64 -> 63.5
+    assert AgreeProbe(3000.0, steps, [[40.0, 42.0, 41.0], [44.0, 40.0, 42.0]]).stretch == pytest.approx(63.5 / 41.5)
+    assert AgreeProbe(3000.0, steps, [[70.0] * 3, [70.0] * 3]).stretch == 1.0  # never below 1
+    assert AgreeProbe(3000.0, steps).stretch is None
+    assert AgreeProbe(3000.0, steps, [[40.0], []]).stretch is None
 
 
 @pytest.mark.multiproc

@@ -38,7 +38,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
@@ -337,6 +337,20 @@ class AgreeProbe:
     """mean time of one agreement round"""
     steps_ms: list[list[float]]
     """per rank, its training steps under the rounds' load"""
+    plain_ms: list[list[float]] = field(default_factory=list)
+    """per rank, the same loop's steps without the communication thread, every rank at once, just
+    before and after the rounds"""
+
+    @property
+    def stretch(self) -> float | None:
+        """How much slower the ranks compute while the communication thread works: the median step
+        under the rounds over the median plain step (>= 1); None without plain steps. On the cnn at
+        100 Mbit/s 1.55-1.59 (64.7 / 41.7 ms): the thread's rounds and slices, gloo's threads and the
+        GIL take that share of the host from the computation, which the calibrated CPU per transfer,
+        measured with nothing computing, does not see."""
+        if not self.plain_ms or not all(self.plain_ms) or not self.steps_ms or not all(self.steps_ms):
+            return None
+        return max(1.0, _median_step_ms(self.steps_ms) / _median_step_ms(self.plain_ms))
 
     @property
     def straggler_ms(self) -> float | None:
@@ -359,7 +373,8 @@ def agree_round_us(model: str, world: int, net: Any, rounds: int = 300) -> Agree
     cfg = json.dumps({"model": model, "mode": "agree_probe", "rounds": rounds})
     out = launch(world, ["-m", "trainsim.validate.dp_worker", cfg], net=net, timeout_s=300)
     data = json.loads(out[0].strip().splitlines()[-1])
-    return AgreeProbe(float(data["round_us"]), [[float(x) for x in r] for r in data.get("steps_ms", [])])
+    return AgreeProbe(float(data["round_us"]), [[float(x) for x in r] for r in data.get("steps_ms", [])],
+                      [[float(x) for x in r] for r in data.get("plain_steps_ms", [])])  # fmt: skip
 
 
 def predict_ms(
@@ -373,6 +388,7 @@ def predict_ms(
     slowdown: Callable[[float], float] | None = None,
     agree_us: float | None = None,
     straggler_wait_ms: float | None = None,
+    comm_thread_stretch: float | None = None,
 ) -> float:
     """Predicted steady-state step time of ``cfg`` from the single-process profile (``mode`` overrides
     ``cfg.mode``, e.g. ``"bytescheduler"``, which has a model but no runtime here; ``alone``: without the
@@ -381,7 +397,10 @@ def predict_ms(
     ``trainsim.simulate.contention``; ``agree_us``: the P3 runtime's agreement round as measured while
     training (``agree_round_us``), else the calibrated tiny all-reduce; ``straggler_wait_ms``: the wait
     for the slowest rank to use instead of the profile's (from the co-run loop), e.g.
-    ``AgreeProbe.straggler_ms``)."""
+    ``AgreeProbe.straggler_ms``; ``comm_thread_stretch``: how much slower the ranks compute while the
+    P3 runtime's communication thread works (``AgreeProbe.stretch``, s >= 1): each slice then takes a
+    share ``1 - 1/s`` of the host from the computation it overlaps, where that exceeds the calibrated
+    CPU of the transfer)."""
     from dataclasses import replace
 
     from trainsim.simulate.contention import simulate_contended
@@ -404,6 +423,12 @@ def predict_ms(
         comm_us=lambda b: comm_us(b) + round_us,
         broadcast_us=lambda b: comm_us(b) / 2,  # two ranks: one message instead of the ring's two steps
     )  # fmt: skip
+    if cpu_us is not None and m == "p3" and comm_thread_stretch is not None and comm_thread_stretch > 1 and not alone:
+        share, calibrated = 1.0 - 1.0 / comm_thread_stretch, cpu_us
+
+        def cpu_us(b: float) -> float:
+            return max(calibrated(b), share * (comm_us(b) + round_us))
+
     res = simulate(g) if cpu_us is None else simulate_contended(g, cpu_us, slowdown)
     return dp_step_ms(res.step_ms, m)
 
@@ -421,6 +446,8 @@ def _one_pass(
     if rounds and corun:
         log(f"timing the P3 runtime's agreement round while {c.model} trains")
         agree = agree_round_us(c.model, c.world, net)
+        log(f"  agreement round {agree.round_us / 1e3:.2f} ms, slower-rank wait "
+            f"{agree.straggler_ms or 0.0:.1f} ms, computation x{agree.stretch or 1.0:.2f} while the thread works")  # fmt: skip
     # ``interleave``: the run alternates its measured steps with the plain loop on every rank at once,
     # the co-run loop of the same minute (``dp_worker.interleaved``): the prediction then uses the
     # host's speed of the run, not that of a reading a minute before it (the cnn's co-run loop read
@@ -441,7 +468,8 @@ def _one_pass(
     # the ranks' spread while the communication thread works, which the probe measured
     pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
                       agree_us=None if agree is None else agree.round_us,
-                      straggler_wait_ms=None if agree is None else agree.straggler_ms)  # fmt: skip
+                      straggler_wait_ms=None if agree is None else agree.straggler_ms,
+                      comm_thread_stretch=None if agree is None else agree.stretch)  # fmt: skip
     pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
     res = RunResult(
         c, pred, float(statistics.median(meas)), meas,
@@ -453,6 +481,7 @@ def _one_pass(
          "straggler": round(prof.straggler_ms, 3),
          **({} if agree is None else {"p3_round": round(agree.round_us / 1e3, 3)}),
          **({} if agree is None or agree.straggler_ms is None else {"p3_straggler": round(agree.straggler_ms, 3)}),
+         **({} if agree is None or agree.stretch is None else {"p3_stretch": round(agree.stretch, 3)}),
          "corun": round(prof.corun_ms, 3), "corun_at_profile": round(base.corun_ms, 3)},
         bool(data.get("params_in_sync", True)),
         pred_alone,

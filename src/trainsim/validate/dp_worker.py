@@ -349,6 +349,10 @@ def runtime_overhead(
     return {**out, "p3_ms": d, "p3_plain_ms": p, "p3_overhead_ms": max(0.0, d - p)}
 
 
+PROBE_PLAIN_STEPS = 6
+"""plain steps of ``agree_probe`` before and after its rounds (the first of each is dropped)"""
+
+
 def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, slice_bytes: int) -> dict[str, Any]:
     """Cost of the P3 runtime's agreement round while the ranks train: what one slice waits for.
 
@@ -357,7 +361,10 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
     as in the runtime, while the main thread runs the model's plain training loop (no gradient
     exchange) until the thread is done. The rounds pay what an idle calibration misses: gloo's threads
     and the communication thread wait for cores and for the GIL that the training loop holds. Returns
-    the rounds' times (µs, the slowest rank's for each) and their mean, ``round_us``.
+    the rounds' times (µs, the slowest rank's for each) and their mean, ``round_us``; every rank's
+    training steps meanwhile (``steps_ms``), and the same loop's steps without the thread, run by every
+    rank at once just before and just after (``plain_steps_ms``): their ratio is how much the
+    communication thread slows the computation.
     """
     import torch
     import torch.distributed as dist
@@ -388,11 +395,22 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
         opt.step()
         step_ms.append((time.perf_counter() - t0) * 1e3)
 
-    dist.barrier()
+    def plain_steps(first: int) -> list[float]:
+        """The same loop with no communication thread, every rank at once (the speed without it)."""
+        dist.barrier()
+        for i in range(first, first + PROBE_PLAIN_STEPS):
+            train(i)
+        out = step_ms[-PROBE_PLAIN_STEPS + 1 :]  # the first after the barrier warms up
+        del step_ms[-PROBE_PLAIN_STEPS:]
+        return out
+
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     x, y = batch(rank)
-    loss_fn(model(x), y).backward()  # warm the loop up before the rounds start
+    loss_fn(model(x), y).backward()  # warm the loop up
+    plain = plain_steps(10_000)
+    dist.barrier()
     step = train_while(comm, train, 0, f"agreement probe on rank {rank}")
+    plain += plain_steps(20_000)
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     # the first rounds overlap the ranks' different start-up; keep the steady part
@@ -404,8 +422,11 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
     mine = torch.tensor(step_ms[1 : 1 + int(n.item())], dtype=torch.float64)
     every = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
+    flat = torch.tensor(plain, dtype=torch.float64)
+    every_plain = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(every_plain, flat)
     return {"round_us": statistics.fmean(steady), "rounds_us": steady, "train_steps": step,
-            "steps_ms": [e.tolist() for e in every]}  # fmt: skip
+            "steps_ms": [e.tolist() for e in every], "plain_steps_ms": [e.tolist() for e in every_plain]}  # fmt: skip
 
 
 def alternating_ms(nets: dict[str, Any], batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, float]:
