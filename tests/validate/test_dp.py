@@ -239,10 +239,11 @@ def test_interleaved_run_keeps_ranks_in_sync(mode: str) -> None:
     from trainsim.validate.dp_worker import INTERLEAVE_ROUNDS
     from trainsim.validate.launch import launch
 
-    cfg = json.dumps({"model": "cnn", "mode": mode, "steps": 8, "warmup": 2, "slice_bytes": 65536,
+    steps = 3 * INTERLEAVE_ROUNDS
+    cfg = json.dumps({"model": "cnn", "mode": mode, "steps": steps, "warmup": 2, "slice_bytes": 65536,
                       "interleave": True, "agree_rounds": True})  # fmt: skip
     data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
-    assert data["params_in_sync"] and len(data["step_ms"]) == 8
+    assert data["params_in_sync"] and len(data["step_ms"]) == steps
     marks = data["corun_marks"]
     assert len(marks) == 2 and all(len(r) == INTERLEAVE_ROUNDS for r in marks)
     per_rank = interleaved_corun(marks)

@@ -213,7 +213,7 @@ def run_harness(
         for model in sorted({c.model for c in configs}):
             log(f"profiling {model} (one process, one thread)")
             # the 2 ranks share this machine's cores: the profile's CPU tasks are stretched by the co-run
-            # factor (``validate dp``), measured again before each run
+            # factor (``validate dp``), read again during each run
             profiled[model] = prof = _profile(model, wd, steps=max(5, steps))
             log(f"  one process {prof.plain_ms:.1f} ms/step, two at once {prof.corun_ms:.1f} ms/step, "
                 f"DDP's own work {prof.ddp_overhead_ms:.1f} ms/step")  # fmt: skip

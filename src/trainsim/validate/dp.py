@@ -11,7 +11,8 @@ Per configuration ``(model, link rate, added latency, mode)``:
    the same loop without the profiler (its overhead is scaled out) and, unless ``--no-corun``, with one
    copy per rank running at once and no communication (ranks that share a host share its cores, caches
    and memory bandwidth: the *co-run factor*, a property of the host like the link is of the network;
-   measured again just before each run, since a shared host's speed drifts); and time the loop under
+   read again during each run, from plain steps interleaved with the measured ones, since a shared
+   host's speed drifts); and time the loop under
    DDP in a process group of one rank: DDP's own host work per step (hooks, bucket copies), which the
    plain loop's profile lacks;
 2. **emulate the network**: 2 network namespaces joined by veth links shaped with tc
@@ -178,10 +179,10 @@ class _Profiled:
         return 1e3 * runtime_ms if alone else 1e3 * (runtime_ms * self.host_factor + self.straggler_ms)
 
     def at_host_speed(self, per_rank: list[list[float]]) -> _Profiled:
-        """The same profile with the co-run loop measured again (``per_rank``: each copy's step times,
-        e.g. just before a run): the host's speed drifts by tens of percent over minutes when other
-        jobs share it, and a prediction should use the speed the run will see, like it uses the
-        link's calibration."""
+        """The same profile with the co-run loop measured again (``per_rank``: each rank's plain step
+        times, e.g. interleaved with a run's steps): the host's speed drifts by tens of percent
+        within minutes when other jobs share it, and a prediction should use the speed the run sees,
+        like it uses the link's calibration."""
         from dataclasses import replace
 
         from trainsim.graph.ir import TaskKind

@@ -221,22 +221,28 @@ class P3Runtime:
                 ev.set()
 
 
+def _step_starts(net: Any, opt: Any, batch: Any, loss_fn: Any, data: Any) -> list[float]:
+    """One training step of ``net`` per index in ``data`` (each step's batch is ``batch(index)``);
+    each step's start (``time.perf_counter``, s)."""
+    starts = []
+    for i in data:
+        starts.append(time.perf_counter())
+        x, y = batch(i)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()
+    return starts
+
+
 def loop_marks(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
     """Start times (``time.perf_counter``, s) of ``warmup + steps + 1`` steps of the plain training loop
     on ``net`` (a module, or DDP around one): the last one is the end of the last step."""
     import torch
 
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-    marks = []
-    for step in range(warmup + steps + 1):
-        marks.append(time.perf_counter())
-        x, y = batch(step)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        loss.detach().item()
-    return marks
+    return _step_starts(net, opt, batch, loss_fn, range(warmup + steps + 1))
 
 
 def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
@@ -248,16 +254,8 @@ def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: i
 def _ddp_steps(net: Any, opt: Any, batch: Any, loss_fn: Any, warmup: int, steps: int, rank: int, first: int = 0) -> list[float]:
     """Run ``warmup + steps + 1`` training steps of ``net`` (DDP around a module); return each step's
     start. ``first``: the first step's number (each rank's data is ``batch(step * 1000 + rank)``)."""
-    starts = []
-    for step in range(first, first + warmup + steps + 1):
-        starts.append(time.perf_counter())
-        x, y = batch(step * 1000 + rank)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        loss.detach().item()
-    return starts
+    data = (step * 1000 + rank for step in range(first, first + warmup + steps + 1))
+    return _step_starts(net, opt, batch, loss_fn, data)
 
 
 INTERLEAVE_ROUNDS = 4
@@ -272,7 +270,7 @@ def interleaved(
     """Measured steps interleaved with the plain loop, so that a prediction can use the host's speed of
     the same minute, on the same cores and processes, as the measurement.
 
-    ``rounds`` times: every rank runs a few steps of the plain loop on ``plain_net`` (a copy of the
+    ``rounds`` times (at most once per 3 measured steps): every rank runs a few steps of the plain loop on ``plain_net`` (a copy of the
     model, no communication: the co-run loop of ``validate.dp``, all ranks at once), then
     ``measured(warmup, n, first)`` (e.g. ``_ddp_steps``), which runs ``warmup + n + 1`` steps numbered
     from ``first`` and returns their starts; its first ``warmup`` steps (``warmup`` in the first round,
@@ -284,7 +282,7 @@ def interleaved(
     ran the loop)."""
     import torch.distributed as dist
 
-    rounds = max(1, min(rounds, steps))
+    rounds = max(1, min(rounds, steps // 3))  # at least 3 measured steps a round: short runs, fewer rounds
     per = -(-steps // rounds)
     out: list[float] = []
     plain: list[list[float]] = []
