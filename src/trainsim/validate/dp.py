@@ -346,9 +346,9 @@ class AgreeProbe:
     def stretch(self) -> float | None:
         """How much slower the ranks compute while the communication thread works: the median step
         under the rounds over the median plain step (>= 1); None without plain steps. On the cnn at
-        100 Mbit/s 1.55-1.59 (64.7 / 41.7 ms): the thread's rounds and slices, gloo's threads and the
-        GIL take that share of the host from the computation, which the calibrated CPU per transfer,
-        measured with nothing computing, does not see."""
+        100 Mbit/s 1.37-1.59 (e.g. 64.7 against 42.6 ms): the thread's rounds and slices and gloo's
+        threads take a share of the host from the computation, which the calibrated CPU per
+        transfer, measured with nothing computing, does not see."""
         if not self.plain_ms or not all(self.plain_ms) or not self.steps_ms or not all(self.steps_ms):
             return None
         return max(1.0, _median_step_ms(self.steps_ms) / _median_step_ms(self.plain_ms))
