@@ -270,8 +270,9 @@ def interleaved(
     """Measured steps interleaved with the plain loop, so that a prediction can use the host's speed of
     the same minute, on the same cores and processes, as the measurement.
 
-    ``rounds`` times (at most once per 3 measured steps): every rank runs a few steps of the plain loop on ``plain_net`` (a copy of the
-    model, no communication: the co-run loop of ``validate.dp``, all ranks at once), then
+    ``rounds`` times (at most once per 3 measured steps): every rank runs a few steps of the plain
+    loop on ``plain_net`` (a copy of the model, no communication: the co-run loop of ``validate.dp``,
+    all ranks at once), then
     ``measured(warmup, n, first)`` (e.g. ``_ddp_steps``), which runs ``warmup + n + 1`` steps numbered
     from ``first`` and returns their starts; its first ``warmup`` steps (``warmup`` in the first round,
     else ``seg_warmup``: the ranks meet again after the plain steps) are dropped. A shared host's speed
@@ -383,31 +384,33 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
             times.append((time.perf_counter() - t0) * 1e6)
             dist.all_reduce(buf)
 
-    step_ms: list[float] = []
-
-    def train(step: int) -> None:
+    def train(step: int) -> float:
+        """One step of the plain loop; its time (ms)."""
         t0 = time.perf_counter()
         x, y = batch(step * 1000 + rank)
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), y).backward()
         opt.step()
-        step_ms.append((time.perf_counter() - t0) * 1e3)
+        return (time.perf_counter() - t0) * 1e3
 
     def plain_steps(first: int) -> list[float]:
-        """The same loop with no communication thread, every rank at once (the speed without it)."""
+        """The same loop with no communication thread, every rank at once (the speed without it); the
+        first step after the barrier warms up and is dropped."""
         dist.barrier()
-        for i in range(first, first + PROBE_PLAIN_STEPS):
-            train(i)
-        out = step_ms[-PROBE_PLAIN_STEPS + 1 :]  # the first after the barrier warms up
-        del step_ms[-PROBE_PLAIN_STEPS:]
-        return out
+        return [train(i) for i in range(first, first + PROBE_PLAIN_STEPS)][1:]
+
+    def every_rank(mine: list[float]) -> list[list[float]]:
+        got = [torch.zeros(len(mine), dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(got, torch.tensor(mine, dtype=torch.float64))
+        return [g.tolist() for g in got]
 
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     x, y = batch(rank)
     loss_fn(model(x), y).backward()  # warm the loop up
     plain = plain_steps(10_000)
     dist.barrier()
-    step = train_while(comm, train, 0, f"agreement probe on rank {rank}")
+    step_ms: list[float] = []
+    step = train_while(comm, lambda i: step_ms.append(train(i)), 0, f"agreement probe on rank {rank}")
     plain += plain_steps(20_000)
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -417,14 +420,8 @@ def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, sl
     # the communication thread's load
     n = torch.tensor([len(step_ms) - 1], dtype=torch.int64)
     dist.all_reduce(n, op=dist.ReduceOp.MIN)
-    mine = torch.tensor(step_ms[1 : 1 + int(n.item())], dtype=torch.float64)
-    every = [torch.zeros_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine)
-    flat = torch.tensor(plain, dtype=torch.float64)
-    every_plain = [torch.zeros_like(flat) for _ in range(world)]
-    dist.all_gather(every_plain, flat)
     return {"round_us": statistics.fmean(steady), "rounds_us": steady, "train_steps": step,
-            "steps_ms": [e.tolist() for e in every], "plain_steps_ms": [e.tolist() for e in every_plain]}  # fmt: skip
+            "steps_ms": every_rank(step_ms[1 : 1 + int(n.item())]), "plain_steps_ms": every_rank(plain)}  # fmt: skip
 
 
 def alternating_ms(nets: dict[str, Any], batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, float]:

@@ -123,8 +123,8 @@ def corun_steps(cfg: Any, copies: int = 2) -> tuple[list[float], list[list[float
     single pair once gave a co-run factor of 1.57 where the microbatch sizes beside it gave 1.00).
     The copies start their loops at one moment (``start_at``), and only the steps that ran while every
     copy ran count (``validate.dp.overlapping_steps``): a copy that starts a second late runs its
-    last steps alone, faster (the transformer's factor read 1.00-1.04 here where ``validate dp``'s
-    co-run loop reads 1.09-1.20)."""
+    last steps alone, faster. (The factors still read 1.00-1.05 on the 2026-11-24 VM, where
+    ``validate dp``'s co-run loop of the whole model reads 1.09-1.20.)"""
     from concurrent.futures import ThreadPoolExecutor
     from dataclasses import replace
 
