@@ -22,6 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ooo_common import DOC, stamp, write_section
 
 
+def _mean_abs(xs: list[float]) -> float:
+    return sum(abs(x) for x in xs) / max(1, len(xs))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -44,25 +48,30 @@ def main() -> int:
         "## Pipeline schedules (2 processes, transformer, 1000 Mbit/s links)",
         "",
         head,
-        "Each pass measures the co-run factor of each microbatch size again, predicts with it and runs every",
-        "schedule of that size; *predicted* and *measured* are the medians over the passes (*passes*: each",
-        "pass's predicted / measured ms; *co-run factor*: the median of the passes' readings).",
+        "Each pass runs every schedule once; each run reads the host's speed between its segments of measured",
+        "steps (the plain loop of the whole model at the microbatch size, on each rank alone, then on both at",
+        "once). The runs of one microbatch count in one pass are predicted from their readings pooled: the",
+        "profile scaled by *host speed* (the loop alone now / the same loop at profile time), the ranks'",
+        "overlapping computation slowed by the *co-run factor* (together / alone). *Predicted* and *measured*",
+        "are the medians over the passes (*passes*: each pass's predicted / measured ms; *host speed*, *co-run",
+        "factor*: the medians of the passes' readings).",
         "",
         "| schedule / stages per rank | M | split (layers per stage) | predicted ms | measured ms (median of the "
-        "passes, each the time per step over its window) | error | passes (predicted / measured ms) | runtime overhead us/action | co-run factor | predicted without co-run ms | "
+        "passes, each the time per step over its window) | error | passes (predicted / measured ms) | runtime overhead us/action | host speed | co-run factor | predicted without co-run ms | "
         "predicted, slowdown in full ms | error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    alt_err = []
+    alt_err, prof_err = [], []
     for r in out["runs"]:
         c = r["config"]
+        prof_err.append(100 * (r.get("predicted_profile_speed_ms", float("nan")) - r["measured_ms"]) / r["measured_ms"])
         alt = r.get("predicted_busy_full_ms", float("nan"))
         alt_err.append(100 * (alt - r["measured_ms"]) / r["measured_ms"])
         lines.append(
             f"| {c['label']} | {c['microbatches']} | {','.join(map(str, c['split']))} | "
             f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | "
             + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in zip(r["passes_predicted_ms"], r["passes_ms"], strict=True))
-            + f" | {r['action_overhead_us']:.0f} | {r.get('corun_factor', 1.0):.3f} | "
+            + f" | {r['action_overhead_us']:.0f} | {r.get('host_speed', 1.0):.3f} | {r.get('corun_factor', 1.0):.3f} | "
             f"{r.get('predicted_no_corun_ms', float('nan')):.1f} | {alt:.1f} | {alt_err[-1]:+.1f}% |"
         )
     rk = out["ranking"]
@@ -77,6 +86,10 @@ def main() -> int:
         f"(`trainsim.validate.pipeline._probe_p2p_overhead_us`, at the smallest and largest M), which also "
         f"gave {out['link'].get('runtime_step_us', 0.0) / 1e3:.1f} ms per step and rank. "
         "Raw: `docs/benchmarks/ooo_pipeline.json`.",
+        "",
+        "*At the profile's speed*: the same prediction without bringing the profile to the host's speed of the "
+        "runs (host speed 1, the co-run factor as read), as the harness predicted until 2026-11-24: mean |error| "
+        f"{_mean_abs(prof_err):.2f}%, max {max((abs(e) for e in prof_err), default=0.0):.2f}%.",
         "",
         "*Predicted, slowdown in full*: the same prediction with the busy-host slowdown of transfers counted in "
         "full whenever either rank computes (`busy_share=1`) instead of in proportion to the ranks computing "

@@ -35,3 +35,14 @@ def test_errors(tmp_path: Path) -> None:
         LayerProfile.load(bad)
     with pytest.raises(UserError, match="no such layer profile"):
         LayerProfile.load(tmp_path / "missing.json")
+
+
+def test_a_scaled_profile_scales_every_time_and_no_size() -> None:
+    row = {"name": "fc0", **{f: 10.0 for f in FIELDS}, "param_bytes": 400, "out_bytes": 64}
+    prof = LayerProfile("mlp", 1, 5, "here", {8: {"loss_us": 4.0, "layers": [row]}})
+    s = prof.scaled(1.5)
+    assert s.loss_us(8) == 6.0 and all(s.table(8)[0][f] == 15.0 for f in FIELDS)
+    assert s.table(8)[0]["param_bytes"] == 400 and s.table(8)[0]["out_bytes"] == 64
+    assert prof.table(8)[0]["fwd_us"] == 10.0  # the original is untouched
+    with pytest.raises(UserError, match="scale factor 0"):
+        prof.scaled(0)

@@ -78,3 +78,33 @@ def test_crashed_rank_stops_the_pipeline_and_is_named() -> None:
     with pytest.raises(RankFailed, match="rank 0 exited with code 3"):
         run_pipeline(cfg)
     assert time.monotonic() - t0 < 60
+
+
+def test_segments_split_the_measured_steps_between_host_readings() -> None:
+    from trainsim.run.pipeline import segments
+
+    assert segments(16, 2, 0) == [(2, 16)]
+    assert segments(16, 2, 2) == [(2, 8), (1, 8)]
+    assert segments(7, 3, 2) == [(3, 4), (1, 3)]
+    assert segments(4, 2, 3) == [(2, 4)]  # at least 3 measured steps a segment
+    assert segments(8, 0, 2) == [(0, 4), (0, 4)]
+
+
+@pytest.mark.multiproc
+def test_host_readings_leave_the_training_unchanged_and_time_each_rank_alone() -> None:
+    from trainsim.validate.pipeline import host_reading
+
+    base = dict(model="transformer", blocks=2, schedule="1F1B", microbatches=4, batch_size=16, steps=6, warmup=1)
+    plain = run_pipeline(PipeRunConfig(**base))  # type: ignore[arg-type]
+    read = run_pipeline(PipeRunConfig(**base, host_rounds=2))  # type: ignore[arg-type]
+    # the plain loop runs on copies: the pipeline sees the same data and weights, step for step (the
+    # run with readings has one warm-up step more, before its second segment)
+    assert len(read["losses"]) == len(plain["losses"]) + 1
+    assert read["losses"][:-1] == pytest.approx(plain["losses"], rel=1e-6)
+    r0, r1 = (r["host_speed"] for r in read["ranks"])
+    assert len(r0) == len(r1) == 2 and all(len(r["step_ms"]) == 6 for r in read["ranks"])
+    for a, b in zip(r0, r1, strict=True):
+        assert a["alone"][-1] <= b["alone"][0]  # rank 0 alone, then rank 1 alone, then both
+        assert b["alone"][-1] <= min(a["together"][0], b["together"][0]) + 0.05
+    alone, together = host_reading([read["ranks"]])
+    assert alone > 0 and together > 0

@@ -165,3 +165,11 @@ def test_codec_time_per_step_by_hand() -> None:
     ps = CompressConfig(algorithm="onebit", scheme="ps")
     # PS, one partition, one rank: encode, decode the one part and re-encode, decode: 10 + (5 + 10) + 5
     assert codec_us_per_step(params, SHAPES, ps, _cost(), LINK, world=1) == pytest.approx(2 * 30)
+
+
+def test_codec_cost_from_samples_fits_the_mean_of_the_processes() -> None:
+    a = {"enc_ms": [1.0, 3.0], "dec_ms": [0.5, 1.5], "add_ms": [0.1, 0.3]}
+    b = {"enc_ms": [3.0, 5.0], "dec_ms": [0.5, 1.5], "add_ms": [0.1, 0.3]}
+    cost = CodecCost.from_samples("fp16", [1000, 2000], [a, b], {})
+    assert cost.enc_us(1000) == pytest.approx(2000.0) and cost.enc_us(2000) == pytest.approx(4000.0)
+    assert cost.dec_us(2000) == pytest.approx(1500.0) and cost.wire_bytes(1000) == 2000

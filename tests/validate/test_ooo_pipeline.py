@@ -105,3 +105,20 @@ def test_copies_with_one_start_at_start_their_loops_together() -> None:
         marks = [f.result()["ranks"][0]["marks"] for f in futures]
     assert all(len(m) == cfg.steps + 1 for m in marks)
     assert abs(marks[0][0] - marks[1][0]) < 0.5  # perf_counter: one clock for both processes
+
+
+def test_host_reading_takes_alone_steps_and_the_overlap_of_the_together_ones() -> None:
+    from trainsim.validate.pipeline import host_reading
+
+    # rank 0: alone 10 ms steps; rank 1: alone 20 ms; together: 30 ms steps, rank 1 starting 30 ms late
+    r0 = {"host_speed": [{"alone": [0.0, 0.01, 0.02, 0.03], "together": [1.0, 1.03, 1.06, 1.09, 1.12, 1.15]}]}
+    r1 = {"host_speed": [{"alone": [0.5, 0.52, 0.54, 0.56], "together": [1.03, 1.06, 1.09, 1.12, 1.15, 1.18]}]}
+    alone, together = host_reading([[r0, r1]])
+    assert alone == pytest.approx(15.0)  # median of 10, 10, 10, 20, 20, 20
+    assert together == pytest.approx(30.0)
+    # two runs pool their samples: a second run whose ranks ran 40 ms steps alone
+    r2 = {"host_speed": [{"alone": [0.0, 0.04, 0.08, 0.12], "together": r0["host_speed"][0]["together"]}]}
+    r3 = {"host_speed": [{"alone": [0.5, 0.54, 0.58, 0.62], "together": r1["host_speed"][0]["together"]}]}
+    assert host_reading([[r0, r1], [r2, r3]])[0] == pytest.approx(30.0)  # median of 3x10, 3x20, 6x40
+    with pytest.raises(ValueError, match="no host-speed rounds"):
+        host_reading([[{"host_speed": []}, {"host_speed": []}]])

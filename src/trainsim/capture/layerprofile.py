@@ -72,6 +72,18 @@ class LayerProfile:
         self.table(batch_size)
         return float(self.by_batch[batch_size]["loss_us"])
 
+    def scaled(self, factor: float) -> LayerProfile:
+        """The same profile on a host ``factor`` times slower (every time field and the loss times
+        ``factor``; sizes unchanged): a profile taken minutes ago, brought to the host's speed now."""
+        if not factor > 0:
+            raise UserError(f"layer profile: scale factor {factor}; expected > 0")
+        by_batch = {
+            b: {**v, "loss_us": float(v["loss_us"]) * factor,
+                "layers": [{**r, **{f: float(r[f]) * factor for f in FIELDS}} for r in v["layers"]]}
+            for b, v in self.by_batch.items()
+        }  # fmt: skip
+        return LayerProfile(self.model, self.threads, self.reps, self.machine, by_batch)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,

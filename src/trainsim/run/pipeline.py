@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers, slowest_rank_steps, window_step_ms
+from trainsim.run.ranks import (
+    Popen,
+    host_speed_round,
+    init_gloo,
+    local_popen,
+    run_workers,
+    slowest_rank_steps,
+    window_step_ms,
+)
 from trainsim.transform.pipeline import PipeSpec, check_split
 
 
@@ -57,14 +65,18 @@ class PipeRunConfig:
     """fault injection for tests: this rank exits with code 3 at step 1"""
     hollow: bool = False
     """the zoo's hollow transformer (``ZooSpec.hollow``): the runtime's own costs, almost no compute"""
+    host_rounds: int = 0
+    """readings of the host's speed during the run (``run.ranks.host_speed_round`` on a copy of the
+    whole model at the microbatch size), each before a segment of the measured steps; 0: none"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", tuple(self.split))
         if self.hollow and self.model != "transformer":
             raise UserError(f"hollow=True needs the transformer; got model {self.model!r}")
-        if self.batch_size < 1 or self.steps < 1 or self.warmup < 0:
+        if self.batch_size < 1 or self.steps < 1 or self.warmup < 0 or self.host_rounds < 0:
             raise UserError(
-                f"batch_size={self.batch_size}, steps={self.steps}, warmup={self.warmup}; expected positive"
+                f"batch_size={self.batch_size}, steps={self.steps}, warmup={self.warmup}, "
+                f"host_rounds={self.host_rounds}; expected positive (host_rounds >= 0)"
             )
         spec = self.pipe_spec()  # validates schedule, stages per rank, microbatches
         if self.batch_size % self.microbatches:
@@ -138,19 +150,21 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
     has_first, has_last = 0 in mine, spec.n_stages - 1 in mine
     losses: list[float] = []
-    stamps: list[float] = []
-    cpu_stamps: list[float] = []  # process CPU time (all threads: compute and gloo's)
-    main_stamps: list[float] = []  # this (the compute) thread's CPU time
-    for step in range(cfg.warmup + cfg.steps):
+    step_ms: list[float] = []
+    cpu_ms: list[float] = []  # process CPU time (all threads: compute and gloo's)
+    main_ms: list[float] = []  # this (the compute) thread's CPU time
+    inside_ms: dict[str, float] = {}
+    host: list[dict[str, list[float]]] = []
+    if cfg.host_rounds:  # a copy of the whole model at the microbatch size, for the host's speed
+        plain, plain_batch = build_with_batches(cfg.model, seed=cfg.seed + 1,
+                                                spec=cfg.zoo_spec(cfg.batch_size // cfg.microbatches))  # fmt: skip
+    step = 0
+
+    def pipeline_step() -> None:
+        nonlocal step
         if step == 1 and rank == cfg.crash_rank:
             os._exit(3)
         x, y = batches(step)
-        if step == cfg.warmup:
-            inside.clear()
-        if step >= cfg.warmup:
-            stamps.append(time.perf_counter())
-            cpu_stamps.append(time.process_time())
-            main_stamps.append(time.thread_time())
         mb_losses: list[torch.Tensor] = []
         args = (x,) if has_first else ()
         kw: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
@@ -159,9 +173,23 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
         opt.zero_grad(set_to_none=True)
         if has_last:
             losses.append(float(torch.stack(mb_losses).mean()))
-    stamps.append(time.perf_counter())
-    cpu_stamps.append(time.process_time())
-    main_stamps.append(time.thread_time())
+        step += 1
+
+    for i, (warm, n) in enumerate(segments(cfg.steps, cfg.warmup, cfg.host_rounds)):
+        if cfg.host_rounds:
+            host.append(host_speed_round(plain, plain_batch, nn.CrossEntropyLoss(), rank=rank, world=cfg.n_ranks,
+                                         steps=HOST_STEPS, warmup=1 if i else 2))  # fmt: skip
+        for _ in range(warm):
+            pipeline_step()
+        inside.clear()
+        stamps = [(time.perf_counter(), time.process_time(), time.thread_time())]
+        for _ in range(n):
+            pipeline_step()
+            stamps.append((time.perf_counter(), time.process_time(), time.thread_time()))
+        for k, v in inside.items():
+            inside_ms[k] = inside_ms.get(k, 0.0) + 1e3 * v
+        for out_list, j in ((step_ms, 0), (cpu_ms, 1), (main_ms, 2)):
+            out_list += [1e3 * (b[j] - a[j]) for a, b in itertools.pairwise(stamps)]
     dist.barrier()
     out.write_text(
         json.dumps(
@@ -169,15 +197,36 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "rank": rank,
                 "stages": mine,
                 "losses": losses,
-                "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
-                "cpu_ms": [1e3 * (b - a) for a, b in itertools.pairwise(cpu_stamps)],
-                "main_thread_cpu_ms": [1e3 * (b - a) for a, b in itertools.pairwise(main_stamps)],
-                "compute_ms_per_step": {k: 1e3 * v / cfg.steps for k, v in inside.items()},
+                "step_ms": step_ms,
+                "cpu_ms": cpu_ms,
+                "main_thread_cpu_ms": main_ms,
+                "compute_ms_per_step": {k: v / cfg.steps for k, v in inside_ms.items()},
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
+                "host_speed": host,
             }
         )
     )
     dist.destroy_process_group()
+
+
+HOST_STEPS = 6
+"""plain-loop steps per phase of a host-speed reading (``host_rounds``)"""
+
+
+def segments(steps: int, warmup: int, rounds: int) -> list[tuple[int, int]]:
+    """``(warm-up steps, measured steps)`` of each segment of a run: one segment without host-speed
+    readings; else ``rounds`` of them (at most one per 3 measured steps), the first with ``warmup``
+    steps, the others with one (the ranks meet again after the plain loop)."""
+    rounds = max(1, min(rounds, steps // 3)) if rounds else 1
+    per = -(-steps // rounds)
+    out, left = [], steps
+    for i in range(rounds):
+        n = min(per, left)
+        if n <= 0:
+            break
+        out.append((warmup if i == 0 else min(1, warmup), n))
+        left -= n
+    return out
 
 
 def _time_stage_calls(stages: list[Any]) -> dict[str, float]:

@@ -200,3 +200,48 @@ def init_gloo(rank: int, world_size: int, master: str, port: int, timeout_s: flo
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+def step_starts(net: Any, opt: Any, batch: Any, loss_fn: Any, data: Any) -> list[float]:
+    """One training step of ``net`` per index in ``data`` (each step's batch is ``batch(index)``);
+    each step's start (``time.perf_counter``, s)."""
+    starts = []
+    for i in data:
+        starts.append(time.perf_counter())
+        x, y = batch(i)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()
+    return starts
+
+
+def loop_marks(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
+    """Start times (``time.perf_counter``, s) of ``warmup + steps + 1`` steps of the plain training loop
+    on ``net`` (a module, or DDP around one): the last one is the end of the last step."""
+    import torch
+
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    return step_starts(net, opt, batch, loss_fn, range(warmup + steps + 1))
+
+
+def host_speed_round(
+    net: Any, batch: Any, loss_fn: Any, *, rank: int, world: int, steps: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """One reading of the host's speed inside a run of ``world`` ranks sharing a host: each rank in
+    turn runs ``steps`` steps of the plain loop on ``net`` (its own copy of the model, no
+    communication) while the others wait at a barrier, then every rank runs them at once. Returns this
+    rank's step starts (``time.perf_counter``, s; warm-up steps dropped): ``alone`` and ``together``.
+    The ratio of the two is the co-run factor of this minute; ``alone`` against the same loop timed
+    when the model was profiled says how far the host's speed has drifted since."""
+    import torch.distributed as dist
+
+    out: dict[str, list[float]] = {}
+    for r in range(world):
+        dist.barrier()
+        if r == rank:
+            out["alone"] = loop_marks(net, batch, loss_fn, 0.01, warmup, steps)[warmup:]
+    dist.barrier()
+    out["together"] = loop_marks(net, batch, loss_fn, 0.01, warmup, steps)[warmup:]
+    return out

@@ -103,8 +103,7 @@ class CodecCost:
         ranks of the run share this machine's cores (an emulated cluster), each rank encodes while
         the others do, and a lone process would measure a machine that is not there.
         """
-        from trainsim.compress import make
-        from trainsim.compress.secopa import CAL_SIZES, Linear
+        from trainsim.compress.secopa import CAL_SIZES
 
         size_list = list(sizes or CAL_SIZES)
         if concurrent > 1:
@@ -114,9 +113,20 @@ class CodecCost:
             start_at = time.time() + 6.0  # after every process has imported torch: they measure together
             with ctx.Pool(concurrent) as pool:
                 args = [(algorithm, size_list, threads, options, start_at)] * concurrent
-                samples = pool.starmap(_calibrate_one, args)
+                samples = pool.starmap(codec_samples, args)
         else:
-            samples = [_calibrate_one(algorithm, size_list, threads, options)]
+            samples = [codec_samples(algorithm, size_list, threads, options)]
+        return CodecCost.from_samples(algorithm, size_list, samples, options)
+
+    @staticmethod
+    def from_samples(
+        algorithm: str, size_list: list[int], samples: list[dict[str, list[float]]], options: dict[str, Any]
+    ) -> CodecCost:
+        """Linear fits of the mean over ``samples`` (``codec_samples`` of one or more processes) of the
+        per-size times."""
+        from trainsim.compress import make
+        from trainsim.compress.secopa import Linear
+
         mean = {k: [sum(s[k][i] for s in samples) / len(samples) for i in range(len(size_list))]
                 for k in ("enc_ms", "dec_ms", "add_ms")}  # fmt: skip
         enc, dec = Linear.fit(size_list, mean["enc_ms"]), Linear.fit(size_list, mean["dec_ms"])
@@ -139,9 +149,11 @@ class CodecCost:
         )
 
 
-def _calibrate_one(
+def codec_samples(
     algorithm: str, sizes: list[int], threads: int | None, options: dict[str, Any], start_at: float = 0.0
 ) -> dict[str, list[float]]:
+    """Encode, decode and add times (ms) of ``algorithm`` at each of ``sizes`` elements in this process
+    (``secopa.calibrate_codec``) with ``threads`` intra-op threads, starting at ``start_at`` (epoch s)."""
     import torch
 
     time.sleep(max(0.0, start_at - time.time()))

@@ -124,15 +124,21 @@ def _hook_overhead_ms(
 ) -> float:
     """The compression hook's own host work per step beyond its codec, measured in one process: a
     one-rank group runs plain DDP and DDP with the hook alternately (``_hook_vs_plain``); the
-    difference, less the codec time the what-if already charges for one rank
-    (``codec_us_per_step(world=1)``), is the hook's bookkeeping (layouts, copies, futures, the
-    non-finite markers), at least 0."""
-    from trainsim.transform.compression import codec_us_per_step
+    difference, less the codec time the what-if charges for one rank (``codec_us_per_step(world=1)``
+    with the codec timed in that process just before and after), is the hook's bookkeeping (layouts,
+    copies, futures, the non-finite markers), at least 0."""
+    from trainsim.compress.secopa import CAL_SIZES
+    from trainsim.transform.compression import CodecCost, codec_us_per_step
     from trainsim.validate.launch import launch
 
-    cfg = {**wcfg, "overhead": True, "steps": max(6, int(wcfg["steps"])), "warmup": 2}
+    cfg = {**wcfg, "overhead": True, "steps": max(20, int(wcfg["steps"])), "warmup": 2}
     out = launch(1, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None, timeout_s=300)
     data = json.loads(out[0].strip().splitlines()[-1])
+    # the codec as fast as it ran in that process, timed there before and after the alternation (not
+    # at the co-run speed, nor minutes earlier: the hook's work read 0 and 8.9 ms per step for top-k
+    # in two sweeps with the codec of the link's calibration)
+    if data.get("codec_samples"):
+        cost = CodecCost.from_samples(ccfg.algorithm, list(CAL_SIZES), data["codec_samples"], dict(ccfg.options))
     codec_ms = codec_us_per_step(params, shapes, ccfg, cost, link, world=1) / 1e3
     return max(0.0, data["hook_ms"] - data["plain_ms"] - codec_ms)
 
@@ -433,7 +439,16 @@ def worker(cfg: dict[str, Any]) -> None:
         return net
 
     if cfg.get("overhead"):  # one process: the hook's step vs plain DDP's, alternating
-        print(json.dumps(_hook_vs_plain(model, wrap, batch, int(cfg["warmup"]), int(cfg["steps"]))), flush=True)
+        # the codec timed in this process just before and just after, so that the harness subtracts
+        # it at the speed the alternation ran (``_hook_overhead_ms``)
+        from trainsim.compress.secopa import CAL_SIZES
+        from trainsim.transform.compression import codec_samples
+
+        opts = dict(cfg.get("options", {}))
+        around = [codec_samples(algo, list(CAL_SIZES), 1, opts)] if algo != "none" else []
+        out = _hook_vs_plain(model, wrap, batch, int(cfg["warmup"]), int(cfg["steps"]))
+        around += [codec_samples(algo, list(CAL_SIZES), 1, opts)] if algo != "none" else []
+        print(json.dumps({**out, "codec_samples": around}), flush=True)
         return
     plain_net = copy.deepcopy(model) if cfg.get("interleave") else None  # before DDP: the plain loop's copy
     net = wrap(model)

@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainsim.run.ranks import loop_marks, step_starts
+
 
 class P3Runtime:
     """Priority-ordered, sliced gradient all-reduce with per-layer updates (see the module docstring).
@@ -221,30 +223,6 @@ class P3Runtime:
                 ev.set()
 
 
-def _step_starts(net: Any, opt: Any, batch: Any, loss_fn: Any, data: Any) -> list[float]:
-    """One training step of ``net`` per index in ``data`` (each step's batch is ``batch(index)``);
-    each step's start (``time.perf_counter``, s)."""
-    starts = []
-    for i in data:
-        starts.append(time.perf_counter())
-        x, y = batch(i)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step()
-        loss.detach().item()
-    return starts
-
-
-def loop_marks(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
-    """Start times (``time.perf_counter``, s) of ``warmup + steps + 1`` steps of the plain training loop
-    on ``net`` (a module, or DDP around one): the last one is the end of the last step."""
-    import torch
-
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-    return _step_starts(net, opt, batch, loss_fn, range(warmup + steps + 1))
-
-
 def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
     """Step times (ms) of the plain training loop on ``net`` after ``warmup`` steps (``loop_marks``)."""
     marks = loop_marks(net, batch, loss_fn, lr, warmup, steps)
@@ -255,7 +233,7 @@ def _ddp_steps(net: Any, opt: Any, batch: Any, loss_fn: Any, warmup: int, steps:
     """Run ``warmup + steps + 1`` training steps of ``net`` (DDP around a module); return each step's
     start. ``first``: the first step's number (each rank's data is ``batch(step * 1000 + rank)``)."""
     data = (step * 1000 + rank for step in range(first, first + warmup + steps + 1))
-    return _step_starts(net, opt, batch, loss_fn, data)
+    return step_starts(net, opt, batch, loss_fn, data)
 
 
 INTERLEAVE_ROUNDS = 4

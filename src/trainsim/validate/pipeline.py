@@ -12,10 +12,15 @@
 4. **probe** the runtime's own cost per send or receive: the schedule with the most of them, run and
    predicted on the zoo's hollow transformer (same activations, almost no compute); the difference per
    SEND/RECV action is added to every transfer's host CPU (``_probe_p2p_overhead_us``; ``--no-probe``);
-5. **predict** each schedule by replaying the lowered action order of torch's own schedule object,
-   with the ranks' computation slowed while both compute by the co-run factor measured just before
-   (``corun_factor``: the per-layer loop alone vs two copies at once on this host);
-6. **measure** it with ``trainsim.run.pipeline`` (the same order, executed by torch's runtime);
+5. **measure** each schedule with ``trainsim.run.pipeline`` (the order of torch's own schedule
+   object, executed by torch's runtime); its measured steps come in segments, each after a reading of
+   the host's speed (``run.ranks.host_speed_round``: the plain loop of the whole model at the
+   microbatch size on each rank alone, then on both at once);
+6. **predict** it from the readings of the pass's runs at that microbatch count, by replaying the
+   lowered form of the same action order: the profile scaled by the loop alone now over the same
+   loop timed when the model was profiled (a shared host's speed drifts by 10-30 % within minutes),
+   and the ranks' computation slowed while both compute by the co-run factor (``host_reading``:
+   together / alone);
 7. report errors, and whether the predicted ranking of schedules matches the measured one wherever
    the measured gap exceeds ``--rank-gap`` percent.
 """
@@ -23,6 +28,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import time
@@ -136,6 +142,8 @@ def run_pipeline_validation(
         for m in case.microbatches
     }
     log("runtime overhead per action (us): " + ", ".join(f"M={m}: {v:.0f}" for m, v in overhead.items()))
+    alone_ref = {b: alone_loop_ms(case, b, steps=max(10, steps)) for b in micro}
+    log("the plain loop alone, at profile time: " + ", ".join(f"microbatch {b}: {v:.1f} ms" for b, v in alone_ref.items()))
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
     with emulated_link(case.rate_mbit, case.delay_ms, notes) as (net, popen, master):
@@ -161,31 +169,28 @@ def run_pipeline_validation(
             probe_us = 0.0
         # every configuration once per pass, the passes one after the other: a burst of load on the
         # shared host then disturbs one pass of a configuration, and the median of the passes drops it.
-        # Each pass measures the co-run factor of each microbatch size again just before its runs and
-        # predicts with it, as ``validate dp`` does before each run: one reading of it moved between
-        # 1.00 and 1.28 from one sweep to the next, as far as the host's speed drifts over minutes.
-        # The stage split is the plan's in the first pass, kept for the later ones (the runs compare).
+        # Each run reads the host's speed between its segments of measured steps, and its prediction
+        # uses that reading (as ``validate dp`` does): a co-run factor read before the runs moved
+        # between 1.00 and 1.28 from one sweep to the next, and on the 2026-11-24 VM between 0.91 and
+        # 1.51 within two minutes, while the loop alone drifted from 0.80 to 1.28 of its profile.
+        # The stage split is the plan's (at the profile's speed) in the first pass, kept for the later ones.
         rows: dict[tuple[int, str, int], tuple[dict[str, Any], Any]] = {}
 
-        def predict(spec: Any, split: Any, overhead_us: float, corun: float, busy_share: float | None = None) -> Any:
+        def predict(spec: Any, split: Any, m: int, speed: float, corun: float, busy_share: float | None = None) -> Any:
             return predict_pipeline(
-                prof, spec, batch_size=case.batch_size, link=link, split=split, overhead_us=overhead_us,
-                slowdown=cal.slowdown, busy_share=busy_share, corun_factor=corun, step_overhead_us=step_us,
+                prof.scaled(speed), spec, batch_size=case.batch_size, link=link, split=split,
+                overhead_us=overhead[m] * speed, slowdown=cal.slowdown, busy_share=busy_share, corun_factor=corun,
+                step_overhead_us=step_us,
             )  # fmt: skip
 
         for k in range(passes):
             for m in case.microbatches:
-                factor = corun_factor(case, case.batch_size // m, steps=max(10, steps), warmup=warmup)
-                log(f"co-run factor at microbatch {case.batch_size // m} (pass {k + 1}/{passes}): {factor:.3f}")
+                done: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []  # (spec, row, result) of this M
                 for name, spr in case.schedules:
                     spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
                     key = (m, name, spr)
-                    fixed = None if key not in rows else rows[key][0]["config"]["split"]
-                    pred = predict(spec, fixed, overhead[m], factor)
-                    # the same with the busy-host slowdown counted in full while either rank computes
-                    alt = predict(spec, fixed, overhead[m], factor, busy_share=1.0).step_ms
                     if key not in rows:
-                        sizes = tuple(len(s) for s in pred.split)
+                        sizes = tuple(len(s) for s in predict(spec, None, m, 1.0, 1.0).split)
                         row: dict[str, Any] = {
                             "config": {
                                 "label": f"{name}/{spr}",
@@ -201,24 +206,44 @@ def run_pipeline_validation(
                             },
                             "passes_ms": [],
                             "action_overhead_us": round(overhead[m], 1),
-                            # without the ranks slowing each other's computation (separate hosts): the
-                            # same in every pass, as it does not use the pass's co-run factor
-                            "predicted_no_corun_ms": round(predict(spec, sizes, overhead[m], 1.0).step_ms, 3),
                         }
                         run_cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
                                                 batch_size=case.batch_size, split=sizes, blocks=case.blocks, steps=steps,
-                                                warmup=warmup)  # fmt: skip
+                                                warmup=warmup, host_rounds=HOST_ROUNDS)  # fmt: skip
                         rows[key] = (row, run_cfg)
                     row, run_cfg = rows[key]
-                    for field, v in (("passes_predicted_ms", pred.step_ms), ("passes_busy_full_ms", alt),
-                                     ("passes_corun_factor", factor)):  # fmt: skip
-                        row.setdefault(field, []).append(round(v, 4))
-                    log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), predicted {pred.step_ms:.1f} ms")
+                    log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), its steps in segments between "
+                        "readings of the host's speed")  # fmt: skip
                     res = run_pipeline(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
                     row["passes_ms"].append(round(res["step_ms"], 3))
                     row.setdefault("passes_median_ms", []).append(round(res["step_median_ms"], 3))
                     row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
-                    log(f"  measured {res['step_ms']:.1f} ms ({100 * (pred.step_ms - res['step_ms']) / res['step_ms']:+.1f}%)")
+                    alone, together = host_reading([res["ranks"]])
+                    row.setdefault("passes_run_reading_ms", []).append([round(alone, 3), round(together, 3)])
+                    log(f"  measured {res['step_ms']:.1f} ms; the loop alone {alone:.1f} ms, together {together:.1f} ms")
+                    done.append((spec, row, res))
+                # the readings of every run of this M in this pass, pooled: one run's few plain steps are
+                # at the mercy of a second's load (a single run's co-run factor read 1.49 while that run
+                # went as fast as its neighbours), the pass's minute of them is not
+                alone, together = host_reading([res["ranks"] for _, _, res in done])
+                speed = alone / alone_ref[case.batch_size // m]
+                factor = max(1.0, together / alone)
+                log(f"M={m}, pass {k + 1}: the loop alone x{speed:.3f} of its profile-time speed, co-run factor "
+                    f"{factor:.3f}")  # fmt: skip
+                for spec, row, res in done:
+                    fixed = tuple(row["config"]["split"])
+                    pred = predict(spec, fixed, m, speed, factor)
+                    # the same with the busy-host slowdown counted in full while either rank computes
+                    alt = predict(spec, fixed, m, speed, factor, busy_share=1.0).step_ms
+                    for field, v in (("passes_predicted_ms", pred.step_ms), ("passes_busy_full_ms", alt),
+                                     ("passes_corun_factor", factor), ("passes_host_speed", speed),
+                                     # without the ranks slowing each other's computation (separate hosts)
+                                     ("passes_no_corun_ms", predict(spec, fixed, m, speed, 1.0).step_ms),
+                                     # the profile as taken, not brought to the host's speed of the runs
+                                     ("passes_profile_speed_ms", predict(spec, fixed, m, 1.0, factor).step_ms)):  # fmt: skip
+                        row.setdefault(field, []).append(round(v, 4))
+                    log(f"  {row['config']['label']}: predicted {pred.step_ms:.1f} ms, measured {res['step_ms']:.1f} ms "
+                        f"({100 * (pred.step_ms - res['step_ms']) / res['step_ms']:+.1f}%)")  # fmt: skip
         for row, _ in rows.values():
             meas = statistics.median(row["passes_ms"])
             pred_ms = statistics.median(row["passes_predicted_ms"])
@@ -227,6 +252,9 @@ def run_pipeline_validation(
             row["error_pct"] = round(100 * (pred_ms - meas) / meas, 2)
             row["predicted_busy_full_ms"] = round(statistics.median(row.pop("passes_busy_full_ms")), 3)
             row["corun_factor"] = round(statistics.median(row["passes_corun_factor"]), 4)
+            row["host_speed"] = round(statistics.median(row["passes_host_speed"]), 4)
+            row["predicted_no_corun_ms"] = round(statistics.median(row.pop("passes_no_corun_ms")), 3)
+            row["predicted_profile_speed_ms"] = round(statistics.median(row["passes_profile_speed_ms"]), 3)
             row["measured_median_ms"] = statistics.median(row.pop("passes_median_ms"))
             row["measured_min_ms"] = min(row.pop("passes_min_ms"))
             runs.append(row)
@@ -239,20 +267,52 @@ def run_pipeline_validation(
     }  # fmt: skip
 
 
-def corun_factor(case: PipeCase, micro_bs: int, *, steps: int, warmup: int) -> float:
-    """How much slower the model computes when both ranks compute at once on this host: the per-layer
-    training loop at the microbatch size in one process alone, then two copies at once (no
-    communication; ``validate.ooo.corun_steps``), ratio of the median steps (>= 1)."""
+HOST_ROUNDS = 2
+"""readings of the host's speed per measured run (``PipeRunConfig.host_rounds``)"""
+
+
+def alone_loop_ms(case: PipeCase, micro_bs: int, *, steps: int) -> float:
+    """Median step (ms) of the plain loop of the whole model at ``micro_bs`` in this process on one
+    thread: the loop that a run's host-speed readings time (``run.ranks.host_speed_round``), here at
+    the time of the profile."""
     import statistics
 
-    from trainsim.run.ooo_dp import DpRunConfig
-    from trainsim.validate.ooo import corun_steps
+    import torch
 
-    zoo = {"zoo_blocks": case.blocks} if case.model in ("transformer", "mlp") else {}
-    cfg = DpRunConfig(mode="ooo", k=0, world_size=1, model=case.model, batch_size=micro_bs, steps=steps,
-                      warmup=warmup, **zoo)  # type: ignore[arg-type]  # fmt: skip
-    alone, both = corun_steps(cfg)
-    return max(1.0, statistics.median(both[0] + both[1]) / statistics.median(alone))
+    from trainsim.models.zoo import build_with_batches
+    from trainsim.run.pipeline import PipeRunConfig
+    from trainsim.run.ranks import loop_marks
+
+    cfg = PipeRunConfig(model=case.model, batch_size=case.batch_size, blocks=case.blocks)
+    net, batch = build_with_batches(case.model, seed=1, spec=cfg.zoo_spec(micro_bs))
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        marks = loop_marks(net, batch, torch.nn.CrossEntropyLoss(), 0.01, 2, steps)[2:]
+    finally:
+        torch.set_num_threads(old)
+    return statistics.median((b - a) * 1e3 for a, b in itertools.pairwise(marks))
+
+
+def host_reading(runs: list[list[dict[str, Any]]]) -> tuple[float, float]:
+    """``(alone, together)``: median step (ms) of the plain loop in the host-speed readings of
+    ``runs`` (each a run's per-rank results with their ``host_speed`` rounds), pooled: run by each
+    rank alone, and by all at once (only the steps that ran while every rank ran,
+    ``validate.dp.overlapping_steps``; the median over ranks of each rank's median)."""
+    import statistics
+
+    from trainsim.validate.dp import _median_step_ms, overlapping_steps
+
+    alone: list[float] = []
+    per_rank: list[list[float]] = [[] for _ in runs[0]] if runs else []
+    for ranks in runs:
+        alone += [(b - a) * 1e3 for r in ranks for rd in r["host_speed"] for a, b in itertools.pairwise(rd["alone"])]
+        for rounds in zip(*(r["host_speed"] for r in ranks), strict=True):
+            for i, st in enumerate(overlapping_steps([rd["together"] for rd in rounds], min_steps=2)):
+                per_rank[i] += st
+    if not alone or not per_rank or not all(per_rank):
+        raise ValueError("host_reading: the runs recorded no host-speed rounds (host_rounds=0)")
+    return float(statistics.median(alone)), _median_step_ms(per_rank)
 
 
 def comm_actions(spec: Any) -> int:
