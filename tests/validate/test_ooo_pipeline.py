@@ -122,3 +122,14 @@ def test_host_reading_takes_alone_steps_and_the_overlap_of_the_together_ones() -
     assert host_reading([[r0, r1], [r2, r3]])[0] == pytest.approx(30.0)  # median of 3x10, 3x20, 6x40
     with pytest.raises(ValueError, match="no host-speed rounds"):
         host_reading([[{"host_speed": []}, {"host_speed": []}]])
+
+
+def test_every_order_gets_the_median_co_run_factor_and_keeps_its_own_work() -> None:
+    from trainsim.transform.ooo import HostTerms
+    from trainsim.validate.ooo import pooled_factor
+
+    terms = {0: HostTerms(factor=1.32, extra_us=7.0), 3: HostTerms(factor=1.0, extra_us=14.0),
+             6: HostTerms(factor=1.1, extra_us=20.0)}  # fmt: skip
+    got = pooled_factor(terms)
+    assert {k: t.factor for k, t in got.items()} == {0: 1.1, 3: 1.1, 6: 1.1}
+    assert {k: t.extra_us for k, t in got.items()} == {0: 7.0, 3: 14.0, 6: 20.0}
