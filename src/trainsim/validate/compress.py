@@ -119,9 +119,7 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
     }
 
 
-def _hook_overhead_ms(
-    wcfg: dict[str, Any], ccfg: Any, cost: Any, link: Any, params: Any, shapes: dict[str, Any]
-) -> float:
+def _hook_overhead_ms(wcfg: dict[str, Any], ccfg: Any, link: Any, params: Any, shapes: dict[str, Any]) -> float:
     """The compression hook's own host work per step beyond its codec, measured in one process: a
     one-rank group runs plain DDP and DDP with the hook alternately (``_hook_vs_plain``); the
     difference, less the codec time the what-if charges for one rank (``codec_us_per_step(world=1)``
@@ -137,8 +135,7 @@ def _hook_overhead_ms(
     # the codec as fast as it ran in that process, timed there before and after the alternation (not
     # at the co-run speed, nor minutes earlier: the hook's work read 0 and 8.9 ms per step for top-k
     # in two sweeps with the codec of the link's calibration)
-    if data.get("codec_samples"):
-        cost = CodecCost.from_samples(ccfg.algorithm, list(CAL_SIZES), data["codec_samples"], dict(ccfg.options))
+    cost = CodecCost.from_samples(ccfg.algorithm, list(CAL_SIZES), data["codec_samples"], dict(ccfg.options))
     codec_ms = codec_us_per_step(params, shapes, ccfg, cost, link, world=1) / 1e3
     return max(0.0, data["hook_ms"] - data["plain_ms"] - codec_ms)
 
@@ -275,7 +272,7 @@ def run_harness(
                                 wcfg["plan"] = str(path)
                             ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan)
                             if i not in hook_ms:
-                                hook_ms[i] = _hook_overhead_ms(wcfg, ccfg, cost, cal.link, profiled[c.model].params,
+                                hook_ms[i] = _hook_overhead_ms(wcfg, ccfg, cal.link, profiled[c.model].params,
                                                                shapes[c.model])  # fmt: skip
                                 log(f"  the hook's own work beyond its codec: {hook_ms[i]:.2f} ms/step (one process)")
 

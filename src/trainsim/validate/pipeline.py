@@ -280,11 +280,10 @@ def alone_loop_ms(case: PipeCase, micro_bs: int, *, steps: int) -> float:
     import torch
 
     from trainsim.models.zoo import build_with_batches
-    from trainsim.run.pipeline import PipeRunConfig
+    from trainsim.run.ooo_dp import zoo_spec
     from trainsim.run.ranks import loop_marks
 
-    cfg = PipeRunConfig(model=case.model, batch_size=case.batch_size, blocks=case.blocks)
-    net, batch = build_with_batches(case.model, seed=1, spec=cfg.zoo_spec(micro_bs))
+    net, batch = build_with_batches(case.model, seed=1, spec=zoo_spec(case.model, micro_bs, case.blocks))
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -301,15 +300,15 @@ def host_reading(runs: list[list[dict[str, Any]]]) -> tuple[float, float]:
     ``validate.dp.overlapping_steps``; the median over ranks of each rank's median)."""
     import statistics
 
-    from trainsim.validate.dp import _median_step_ms, overlapping_steps
+    from trainsim.validate.dp import _median_step_ms, interleaved_corun
 
     alone: list[float] = []
     per_rank: list[list[float]] = [[] for _ in runs[0]] if runs else []
     for ranks in runs:
         alone += [(b - a) * 1e3 for r in ranks for rd in r["host_speed"] for a, b in itertools.pairwise(rd["alone"])]
-        for rounds in zip(*(r["host_speed"] for r in ranks), strict=True):
-            for i, st in enumerate(overlapping_steps([rd["together"] for rd in rounds], min_steps=2)):
-                per_rank[i] += st
+        together = interleaved_corun([[rd["together"] for rd in r["host_speed"]] for r in ranks])
+        for i, st in enumerate(together):
+            per_rank[i] += st
     if not alone or not per_rank or not all(per_rank):
         raise ValueError("host_reading: the runs recorded no host-speed rounds (host_rounds=0)")
     return float(statistics.median(alone)), _median_step_ms(per_rank)
