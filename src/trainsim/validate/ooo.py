@@ -259,17 +259,18 @@ def run_ooo_validation(
                 for s, t, i, c in zip(probe["sizes"], probe["allreduce_us"], probe["idle_model_us"], probe["lost_us"],
                                       strict=True)))  # fmt: skip
             log("timing the runtime in one-rank groups (alone, then two at once)")
-            terms = {0: host_terms(case, prof, 0, steps, warmup)}
+            read = {0: host_terms(case, prof, 0, steps, warmup)}  # each k's own reading
             if case.k is None:  # the search: host terms measured at k = 0 and k = n, linear between
                 n = len(rows)
-                terms = pooled_factor({**terms, n: host_terms(case, prof, n, steps, warmup)})
+                read[n] = host_terms(case, prof, n, steps, warmup)
+                lo_hi = pooled_factor(read)
                 k, _ = search_k(prof, case.batch_size, cal.predict_us, cpu_us, slowdown,
-                                host=interpolated_terms(terms[0], terms[n], n))  # fmt: skip
+                                host=interpolated_terms(lo_hi[0], lo_hi[n], n))  # fmt: skip
             else:
                 k = case.k
-            if k not in terms:
-                terms[k] = host_terms(case, prof, k, steps, warmup)
-            terms = pooled_factor(terms)
+            if k not in read:
+                read[k] = host_terms(case, prof, k, steps, warmup)
+            terms = pooled_factor(read)  # the median of every reading, not of readings already pooled
             base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup)
             orders = (("ddp-order", 0), ("reverse-first-k", k))
             preds = {

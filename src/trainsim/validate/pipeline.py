@@ -281,16 +281,15 @@ def alone_loop_ms(case: PipeCase, micro_bs: int, *, steps: int) -> float:
 
     from trainsim.models.zoo import build_with_batches
     from trainsim.run.ooo_dp import zoo_spec
-    from trainsim.run.ranks import loop_marks
+    from trainsim.validate.dp_worker import loop_ms
 
     net, batch = build_with_batches(case.model, seed=1, spec=zoo_spec(case.model, micro_bs, case.blocks))
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        marks = loop_marks(net, batch, torch.nn.CrossEntropyLoss(), 0.01, 2, steps)[2:]
+        return float(statistics.median(loop_ms(net, batch, torch.nn.CrossEntropyLoss(), 0.01, 2, steps)))
     finally:
         torch.set_num_threads(old)
-    return statistics.median((b - a) * 1e3 for a, b in itertools.pairwise(marks))
 
 
 def host_reading(runs: list[list[dict[str, Any]]]) -> tuple[float, float]:
