@@ -24,6 +24,8 @@ def test_bad_config() -> None:
         DpRunConfig(mode="zero")
     with pytest.raises(UserError, match="k=-1"):
         DpRunConfig(k=-1)
+    with pytest.raises(UserError, match="host_rounds=-1"):
+        DpRunConfig(host_rounds=-1)
 
 
 @pytest.mark.multiproc
@@ -44,6 +46,22 @@ def test_ooo_equals_ddp(model: str, k: int) -> None:
     for rank in range(2):
         for a, b in zip(ooo["ranks"][rank]["params"], ddp["ranks"][rank]["params"], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mode", ["ooo", "ddp"])
+def test_host_readings_between_segments_leave_the_training_unchanged(mode: str) -> None:
+    common = dict(model="mlp", mode=mode, k=2, steps=6, warmup=1, batch_size=8)
+    plain = run_dp(DpRunConfig(**common))  # type: ignore[arg-type]
+    read = run_dp(DpRunConfig(**common, host_rounds=2))  # type: ignore[arg-type]
+    # the readings run on a copy of the model, while reordered updates are still pending: the same
+    # data and weights step for step (one warm-up step more, before the second segment)
+    assert len(read["losses"]) == len(plain["losses"]) + 1
+    np.testing.assert_allclose(read["losses"][:-1], plain["losses"], rtol=1e-6)
+    for r in read["ranks"]:
+        assert len(r["step_ms"]) == 6 and len(r["host_speed"]) == 2
+        assert all(len(h["alone"]) >= 2 and len(h["together"]) >= 2 for h in r["host_speed"])
+    assert all(r["host_speed"] == [] for r in plain["ranks"])
 
 
 @pytest.mark.multiproc

@@ -81,7 +81,7 @@ def test_crashed_rank_stops_the_pipeline_and_is_named() -> None:
 
 
 def test_segments_split_the_measured_steps_between_host_readings() -> None:
-    from trainsim.run.pipeline import segments
+    from trainsim.run.ranks import segments
 
     assert segments(16, 2, 0) == [(2, 16)]
     assert segments(16, 2, 2) == [(2, 8), (1, 8)]

@@ -37,10 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import UserError
 from trainsim.run.ranks import (
+    HOST_STEPS,
     Popen,
+    host_speed_round,
     init_gloo,
     local_popen,
     run_workers,
+    segments,
     slowest_rank_steps,
     train_while,
     window_step_ms,
@@ -94,6 +97,10 @@ class DpRunConfig:
     trace: bool = False
     """record each step's events (ms from the step's start): forward/backward/weight phase ends, time
     spent waiting for all-reduces, each all-reduce's issue and completion (``OooDataParallel.events``)"""
+    host_rounds: int = 0
+    """modes ``ooo`` and ``ddp``: readings of the host's speed during the run
+    (``run.ranks.host_speed_round`` on a copy of the model), each before a segment of the measured
+    steps (``run.ranks.segments``); 0: none"""
 
     def __post_init__(self) -> None:
         from trainsim.models.zoo import MODELS
@@ -105,8 +112,9 @@ class DpRunConfig:
         for f in ("world_size", "steps", "batch_size"):
             if getattr(self, f) < 1:
                 raise UserError(f"{f}={getattr(self, f)}; expected a positive integer")
-        if self.k < 0 or self.warmup < 0:
-            raise UserError(f"k={self.k}, warmup={self.warmup}; expected integers >= 0")
+        if self.k < 0 or self.warmup < 0 or self.host_rounds < 0:
+            raise UserError(f"k={self.k}, warmup={self.warmup}, host_rounds={self.host_rounds}; expected "
+                            "integers >= 0")  # fmt: skip
         if len(self.probe_sizes) != len(self.probe_reps) or any(
             v < 1 for v in (*self.probe_sizes, *self.probe_reps)
         ):
@@ -311,27 +319,43 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         step_fn = ddp_step
         finish = lambda: None  # noqa: E731
     losses: list[float] = []
-    stamps: list[float] = []
+    step_ms: list[float] = []
+    marks: list[float] = []
+    host: list[dict[str, list[float]]] = []
+    if cfg.host_rounds:  # a copy of the model for the host's speed (the plain loop, no communication)
+        plain, plain_batch = build_with_batches(cfg.model, seed=cfg.seed + 1, spec=cfg.zoo_spec())
     time.sleep(max(0.0, cfg.start_at - time.time()))
-    for s in range(cfg.warmup + cfg.steps):
-        if s == 1 and rank == cfg.crash_rank:
-            os._exit(3)
-        x, y = batches(s * cfg.world_size + rank)
-        if s >= cfg.warmup:
-            stamps.append(time.perf_counter())
-        if cfg.trace and cfg.mode == "ooo":
-            ooo.events = [("start", time.perf_counter())] if s >= cfg.warmup else None
-        losses.append(step_fn(x, y))
-        if cfg.trace and cfg.mode == "ooo" and s >= cfg.warmup:
-            trace.append(ooo.events)
-    stamps.append(time.perf_counter())
+    s = 0
+    for i, (warm, n) in enumerate(segments(cfg.steps, cfg.warmup, cfg.host_rounds)):
+        if cfg.host_rounds:  # the collectives still in flight finish first (the barriers queue behind them)
+            host.append(host_speed_round(plain, plain_batch, loss_fn, rank=rank, world=cfg.world_size,
+                                         steps=HOST_STEPS, warmup=1 if i else 2))  # fmt: skip
+        stamps: list[float] = []
+        for j in range(warm + n):
+            if s == 1 and rank == cfg.crash_rank:
+                os._exit(3)
+            x, y = batches(s * cfg.world_size + rank)
+            measured = j >= warm
+            if measured:
+                stamps.append(time.perf_counter())
+            if cfg.trace and cfg.mode == "ooo":
+                ooo.events = [("start", time.perf_counter())] if measured else None
+            losses.append(step_fn(x, y))
+            if cfg.trace and cfg.mode == "ooo" and measured:
+                trace.append(ooo.events)
+            s += 1
+        stamps.append(time.perf_counter())
+        step_ms += [1e3 * (b - a) for a, b in itertools.pairwise(stamps)]
+        marks += stamps
     finish()
     dist.barrier()
     result: dict[str, Any] = {
         "rank": rank,
         "losses": losses,
-        "step_ms": [1e3 * (b - a) for a, b in itertools.pairwise(stamps)],
-        "marks": stamps,  # the measured steps' starts and the last one's end (time.perf_counter, s)
+        "step_ms": step_ms,
+        # each segment's measured steps' starts and its last step's end (time.perf_counter, s)
+        "marks": marks,
+        "host_speed": host,
     }
     if cfg.trace:  # events as ms from each step's start (completions may land in the next step's list)
         result["trace"] = [[(name, round(1e3 * (t - ev[0][1]), 3) if not name.startswith(("wait:", "cpu:")) else round(1e3 * t, 3))

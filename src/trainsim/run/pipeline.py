@@ -30,11 +30,13 @@ from typing import Any
 
 from trainsim.errors import UserError
 from trainsim.run.ranks import (
+    HOST_STEPS,
     Popen,
     host_speed_round,
     init_gloo,
     local_popen,
     run_workers,
+    segments,
     slowest_rank_steps,
     window_step_ms,
 )
@@ -209,41 +211,23 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     dist.destroy_process_group()
 
 
-HOST_STEPS = 6
-"""plain-loop steps per phase of a host-speed reading (``host_rounds``)"""
-
-
-def segments(steps: int, warmup: int, rounds: int) -> list[tuple[int, int]]:
-    """``(warm-up steps, measured steps)`` of each segment of a run: one segment without host-speed
-    readings; else ``rounds`` of them (at most one per 3 measured steps), the first with ``warmup``
-    steps, the others with one (the ranks meet again after the plain loop)."""
-    rounds = max(1, min(rounds, steps // 3)) if rounds else 1
-    per = -(-steps // rounds)
-    out, left = [], steps
-    for i in range(rounds):
-        n = min(per, left)
-        if n <= 0:
-            break
-        out.append((warmup if i == 0 else min(1, warmup), n))
-        left -= n
-    return out
-
-
 def _time_stage_calls(stages: list[Any]) -> dict[str, float]:
-    """Wrap each stage's forward / backward / weight-gradient call with a wall-clock timer; the
-    returned dict accumulates seconds per call kind (what the rank spent computing, as opposed to
-    posting, waiting for and finishing transfers)."""
+    """Wrap each stage's forward / backward / weight-gradient call with timers; the returned dict
+    accumulates seconds of wall time per call kind (``F``, ``B``, ``W``: what the rank spent computing,
+    as opposed to posting, waiting for and finishing transfers) and of the calling thread's CPU time
+    (``cpu:F`` ...; below the wall time when the thread waited for a core)."""
     acc: dict[str, float] = {}
     for st in stages:
         for kind, attr in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"), ("W", "backward_weight_one_chunk")):
             fn = getattr(st, attr)
 
             def timed(*a: Any, _fn: Any = fn, _k: str = kind, **kw: Any) -> Any:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 try:
                     return _fn(*a, **kw)
                 finally:
                     acc[_k] = acc.get(_k, 0.0) + time.perf_counter() - t0
+                    acc["cpu:" + _k] = acc.get("cpu:" + _k, 0.0) + time.thread_time() - c0
 
             setattr(st, attr, timed)
     return acc

@@ -245,3 +245,23 @@ def host_speed_round(
     dist.barrier()
     out["together"] = loop_marks(net, batch, loss_fn, 0.01, warmup, steps)[warmup:]
     return out
+
+
+HOST_STEPS = 6
+"""plain-loop steps per phase of a host-speed reading (``host_rounds``)"""
+
+
+def segments(steps: int, warmup: int, rounds: int) -> list[tuple[int, int]]:
+    """``(warm-up steps, measured steps)`` of each segment of a run: one segment without host-speed
+    readings; else ``rounds`` of them (at most one per 3 measured steps), the first with ``warmup``
+    steps, the others with one (the ranks meet again after the plain loop)."""
+    rounds = max(1, min(rounds, steps // 3)) if rounds else 1
+    per = -(-steps // rounds)
+    out, left = [], steps
+    for i in range(rounds):
+        n = min(per, left)
+        if n <= 0:
+            break
+        out.append((warmup if i == 0 else min(1, warmup), n))
+        left -= n
+    return out

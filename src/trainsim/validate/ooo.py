@@ -26,7 +26,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -126,7 +126,6 @@ def corun_steps(cfg: Any, copies: int = 2) -> tuple[list[float], list[list[float
     last steps alone, faster. (The factors still read 1.00-1.05 on the 2026-11-24 VM, where
     ``validate dp``'s co-run loop of the whole model reads 1.09-1.20.)"""
     from concurrent.futures import ThreadPoolExecutor
-    from dataclasses import replace
 
     from trainsim.run.ooo_dp import run_dp
     from trainsim.validate.dp import overlapping_steps
@@ -171,11 +170,12 @@ def pooled_factor(terms: dict[int, HostTerms]) -> dict[int, HostTerms]:
     by a few percent (on the cnn, 1.32 at k = 0 and 1.00 at k = 3 in one run), and an order predicted
     with a low reading looks faster than it runs. The per-k ``extra_us`` (the runtime's own work)
     stays."""
-    from dataclasses import replace
-
     factor = statistics.median(t.factor for t in terms.values())
     return {k: replace(t, factor=factor) for k, t in terms.items()}
 
+
+HOST_ROUNDS = 2
+"""readings of the host's speed per measured run (``DpRunConfig.host_rounds``)"""
 
 PROBE_S = 1.5
 """seconds of all-reduces per size in the load probe"""
@@ -232,7 +232,8 @@ def run_ooo_validation(
     from trainsim.capture.layerprofile import profile_layers
     from trainsim.cluster.calibrate import calibrate
     from trainsim.run.ooo_dp import DpRunConfig, check_k, run_dp
-    from trainsim.transform.ooo import interpolated_terms, predict_dp, search_k
+    from trainsim.transform.ooo import interpolated_terms, search_k
+    from trainsim.validate.pipeline import alone_loop_ms, host_reading
 
     if passes < 1:
         raise UserError(f"validate ooo-dp: passes={passes}; expected >= 1")
@@ -242,6 +243,7 @@ def run_ooo_validation(
     for case in cases:
         log(f"profiling {case.model} (one process, one thread)")
         prof = profile_layers(case.model, batch_sizes=(case.batch_size,), reps=20, zoo=case.zoo())
+        alone_ref = alone_loop_ms(case.model, case.blocks, case.batch_size, steps=10)
         rows = prof.table(case.batch_size)
         if case.k is not None:
             check_k(case.k, len(rows), case.model)
@@ -271,18 +273,27 @@ def run_ooo_validation(
             if k not in read:
                 read[k] = host_terms(case, prof, k, steps, warmup)
             terms = pooled_factor(read)  # the median of every reading, not of readings already pooled
-            base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup)
+            base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup, host_rounds=HOST_ROUNDS)
             orders = (("ddp-order", 0), ("reverse-first-k", k))
-            preds = {
-                label: predict_dp(
-                    prof, case.batch_size, kk, cal.predict_us, cpu_us=cpu_us, slowdown=slowdown, host=terms[kk],
-                )
-                for label, kk in orders
-            }  # fmt: skip
+            link = (cal.predict_us, cpu_us, slowdown)
+
+            # the prediction: the host terms read before the runs (the same that chose k)
+            preds = {label: _predict(prof, case.batch_size, kk, link, terms[kk]) for label, kk in orders}
             # both orders and torch DDP once per pass, the passes one after the other: a burst of load
             # on the shared host disturbs one pass, and the medians over the passes drop it; the
-            # speed-up is the median of each pass's side-by-side ratio
+            # speed-up is the median of each pass's side-by-side ratio. Each run also reads the host's
+            # speed between its segments of measured steps (as ``validate dp`` and ``validate pipeline``
+            # do), and a second prediction per pass comes from the readings of its three runs, pooled:
+            # the profile scaled by the plain loop alone now over the same loop timed after profiling,
+            # the co-run factor together / alone. It is reported beside the first, not used: on
+            # 2026-11-24 (06:00 UTC) it read the host 2-8 % faster than at profile time and put the
+            # predictions 2-8 % lower, where those from the terms read before the runs were closer
+            # (mean |error| 5.7 % against 7.7 %). ``host_terms``'s ``extra_us`` (the wrapper alone
+            # against the profile's prediction, a minute before the runs) already absorbs the host's
+            # drift since profiling, so scaling the profile as well counts the drift twice.
             got: dict[str, list[dict[str, Any]]] = {"ddp-order": [], "reverse-first-k": [], "ddp": []}
+            per_pass: dict[str, list[float]] = {"ddp-order": [], "reverse-first-k": []}
+            readings: list[dict[str, float]] = []
             for i in range(passes):
                 tag = f" (pass {i + 1}/{passes})" if passes > 1 else ""
                 for label, kk in (*orders, ("ddp", 0)):
@@ -295,6 +306,14 @@ def run_ooo_validation(
                     res = run_dp(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
                     got[label].append(res)
                     log(f"  measured {res['step_ms']:.1f} ms")
+                alone, together = host_reading([got[label][-1]["ranks"] for label in got])
+                speed, factor = alone / alone_ref, max(1.0, together / alone)
+                readings.append({"host_speed": round(speed, 4), "corun_factor": round(factor, 4)})
+                for label, kk in orders:
+                    per_pass[label].append(_predict(prof, case.batch_size, kk, link, replace(terms[kk], factor=factor), speed))
+                log(f"  the loop alone x{speed:.3f} of its speed at profile time, co-run factor {factor:.3f}; "
+                    "predicted from these: "
+                    + ", ".join(f"{label} {per_pass[label][-1]:.1f} ms" for label, _ in orders))  # fmt: skip
             measured = {label: statistics.median(r["step_ms"] for r in rs) for label, rs in got.items()}
             for label, kk in orders:
                 rs = got[label]
@@ -312,6 +331,9 @@ def run_ooo_validation(
                         preds[label],
                         measured[label],
                         {
+                            "predicted_in_run_reading_ms": round(statistics.median(per_pass[label]), 3),
+                            "passes_in_run_reading_ms": [round(v, 3) for v in per_pass[label]],
+                            "passes_host_reading": readings,
                             "host_factor": round(terms[kk].factor, 3),
                             "host_extra_ms": round(terms[kk].extra_us / 1e3, 3),
                             "measured_median_ms": round(statistics.median(r["step_median_ms"] for r in rs), 3),
@@ -339,6 +361,17 @@ def run_ooo_validation(
                 }
             )
     return {**summary(runs), "speedups": speedups, "notes": notes}
+
+
+def _predict(
+    prof: Any, batch_size: int, k: int, link: tuple[Any, Any, Any], host: HostTerms, speed: float = 1.0
+) -> float:
+    """``predict_dp`` of order ``k`` with ``link`` = (all-reduce time, host CPU, slowdown) per size, the
+    profile scaled by ``speed``."""
+    from trainsim.transform.ooo import predict_dp
+
+    comm, cpu_us, slowdown = link
+    return predict_dp(prof.scaled(speed), batch_size, k, comm, cpu_us=cpu_us, slowdown=slowdown, host=host)
 
 
 def _zoo_fields(case: OooCase) -> dict[str, Any]:

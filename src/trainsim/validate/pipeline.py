@@ -142,7 +142,7 @@ def run_pipeline_validation(
         for m in case.microbatches
     }
     log("runtime overhead per action (us): " + ", ".join(f"M={m}: {v:.0f}" for m, v in overhead.items()))
-    alone_ref = {b: alone_loop_ms(case, b, steps=max(10, steps)) for b in micro}
+    alone_ref = {b: alone_loop_ms(case.model, case.blocks, b, steps=max(10, steps)) for b in micro}
     log("the plain loop alone, at profile time: " + ", ".join(f"microbatch {b}: {v:.1f} ms" for b, v in alone_ref.items()))
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
@@ -271,10 +271,10 @@ HOST_ROUNDS = 2
 """readings of the host's speed per measured run (``PipeRunConfig.host_rounds``)"""
 
 
-def alone_loop_ms(case: PipeCase, micro_bs: int, *, steps: int) -> float:
-    """Median step (ms) of the plain loop of the whole model at ``micro_bs`` in this process on one
-    thread: the loop that a run's host-speed readings time (``run.ranks.host_speed_round``), here at
-    the time of the profile."""
+def alone_loop_ms(model: str, blocks: int, micro_bs: int, *, steps: int) -> float:
+    """Median step (ms) of the plain loop of the whole zoo ``model`` (``blocks``: transformer blocks or
+    mlp depth) at batch size ``micro_bs`` in this process on one thread: the loop that a run's
+    host-speed readings time (``run.ranks.host_speed_round``), here at the time of the profile."""
     import statistics
 
     import torch
@@ -283,7 +283,7 @@ def alone_loop_ms(case: PipeCase, micro_bs: int, *, steps: int) -> float:
     from trainsim.run.ooo_dp import zoo_spec
     from trainsim.validate.dp_worker import loop_ms
 
-    net, batch = build_with_batches(case.model, seed=1, spec=zoo_spec(case.model, micro_bs, case.blocks))
+    net, batch = build_with_batches(model, seed=1, spec=zoo_spec(model, micro_bs, blocks))
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
