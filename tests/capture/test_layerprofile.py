@@ -46,3 +46,28 @@ def test_a_scaled_profile_scales_every_time_and_no_size() -> None:
     assert prof.table(8)[0]["fwd_us"] == 10.0  # the original is untouched
     with pytest.raises(UserError, match="scale factor 0"):
         prof.scaled(0)
+
+
+def test_split_steps_time_the_weight_gradients_after_the_whole_chain_input_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainsim.run.splitgrad import LayerTape
+
+    calls: list[tuple[str, int]] = []
+    b_in, b_w = LayerTape.backward_input, LayerTape.backward_weight
+
+    def spy_b(self: LayerTape, grad: object) -> object:
+        calls.append(("B", id(self.layer)))
+        return b_in(self, grad)  # type: ignore[arg-type]
+
+    def spy_w(self: LayerTape) -> None:
+        calls.append(("W", id(self.layer)))
+        b_w(self)
+
+    monkeypatch.setattr(LayerTape, "backward_input", spy_b)
+    monkeypatch.setattr(LayerTape, "backward_weight", spy_w)
+    profile_layers("mlp", batch_sizes=(4,), reps=1, warmup=0, zoo={"depth": 3})
+    # one split step (the fused one calls neither): every B, last layer first, then every W, first layer first
+    n = len(calls) // 2
+    assert [k for k, _ in calls] == ["B"] * n + ["W"] * n
+    assert [layer for _, layer in calls[n:]] == [layer for _, layer in calls[:n]][::-1]
