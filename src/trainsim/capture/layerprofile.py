@@ -222,8 +222,8 @@ def profile_layers(
                     continue
                 # split: the input-gradient chain first, then the weight gradients input-first, the
                 # order in which OooDataParallel (and a zero-bubble stage's deferred W) runs them. Timed
-                # right after each B instead, W read 30 % low on the cnn (conv0's W: 3.2 ms inline,
-                # 7.3 ms after the whole chain), and reverse-first-k was predicted too fast
+                # right after each B instead, W read 19-30 % low on the cnn (benchmarks/ooo_w_order.py),
+                # and reverse-first-k was predicted too fast
                 for i in range(len(layers) - 1, -1, -1):
                     t0 = time.perf_counter()
                     g_in = tapes[i].backward_input(g)

@@ -285,12 +285,12 @@ def run_ooo_validation(
             # speed between its segments of measured steps (as ``validate dp`` and ``validate pipeline``
             # do), and a second prediction per pass comes from the readings of its three runs, pooled:
             # the profile scaled by the plain loop alone now over the same loop timed after profiling,
-            # the co-run factor together / alone. It is reported beside the first, not used: in two
-            # runs on 2026-11-24 (05:44 and 05:57 UTC) it read the host 2-8 % faster than at profile
-            # time and put the predictions 2-8 % lower, where those from the terms read before the runs
-            # were closer (mean |error| 5.7 and 6.0 % against 7.7 and 8.1 %). ``host_terms``'s ``extra_us`` (the wrapper alone
-            # against the profile's prediction, a minute before the runs) already absorbs the host's
-            # drift since profiling, so scaling the profile as well counts the drift twice.
+            # the co-run factor together / alone. It is reported beside the first, not used: in three
+            # runs on 2026-11-24 (05:44-06:23 UTC) the terms read before the runs gave 5.7, 6.0 and
+            # 7.7 % mean |error|, the in-run reading 7.7, 8.1 and 6.2 %; it did better only where the
+            # host slowed during the passes. ``host_terms``'s ``extra_us`` (the wrapper alone against
+            # the profile's prediction, a minute before the runs) already takes in the host's drift
+            # since profiling, so scaling the profile as well counts that drift twice.
             got: dict[str, list[dict[str, Any]]] = {"ddp-order": [], "reverse-first-k": [], "ddp": []}
             per_pass: dict[str, list[float]] = {"ddp-order": [], "reverse-first-k": []}
             readings: list[dict[str, float]] = []
