@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--sched", choices=("default", "realtime", "both"), default="both",
                     help="scheduling class of the ranks' threads (see `trainsim calibrate --realtime`)")
     args = ap.parse_args()
-    from trainsim.cluster.calibrate import calibrate, default_sizes
+    from trainsim.cluster.calibrate import ROUNDS, calibrate, default_sizes
     from trainsim.validate.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
@@ -46,8 +46,9 @@ def main() -> int:
         "",
         head,
         "Fit: `t = a + max(floor + b0 (size - floor / b), b * size)` (`trainsim.cluster.calibrate.fit_knee`)",
-        "on one calibration run (mean of the repetitions per size, at least 0.3 s of all-reduces each, relative",
-        "least squares); check: a second, independent run with new processes. Error = (model - measured) / measured.",
+        f"on one calibration run (per size the median of {ROUNDS} interleaved rounds' means, at least 0.3 s of",
+        "all-reduces in all, relative least squares); check: a second, independent run with new processes,",
+        "read the same way. Error = (model - measured) / measured.",
         "",
         "Two scheduling classes for the ranks' threads: *default* (the kernel's fair scheduler) and *realtime*",
         "(`trainsim calibrate --realtime`: FIFO class, so a gloo thread woken by a message is placed on an idle",

@@ -303,6 +303,10 @@ class Netns:
             self._add_ns(ns)
             # no slow-start restart after idle: DDP buckets are bursty, real clusters tune this off too
             _sh(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"])
+            # each run's connections start from TCP's defaults, not from the ssthresh and window that the
+            # kernel caches per peer when an earlier run's connections close (a run that follows another
+            # on the same namespaces would otherwise inherit its congestion state)
+            _sh(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_no_metrics_save=1"])
             hub_if, node_if = f"{self._short}h{i}", f"{self._short}n{i}"
             _sh(["ip", "-n", hub, "link", "add", hub_if, "mtu", str(self.mtu), "type", "veth",
                  "peer", "name", node_if, "netns", ns])  # fmt: skip
