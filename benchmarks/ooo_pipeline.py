@@ -84,7 +84,9 @@ def main() -> int:
         f"receive {out['link']['cpu_us']:.0f} us + {out['link']['cpu_us_per_byte'] * 1e3:.2f} us/KB, of which "
         f"{out['link'].get('runtime_p2p_us', 0.0):.0f} us from the runtime probe on the hollow model "
         f"(`trainsim.validate.pipeline._probe_p2p_overhead_us`, at the smallest and largest M), which also "
-        f"gave {out['link'].get('runtime_step_us', 0.0) / 1e3:.1f} ms per step and rank. "
+        f"gave {out['link'].get('runtime_step_us', 0.0) / 1e3:.1f} ms per step and rank, and "
+        f"{out['link'].get('busy_post_us', 0.0):.0f} us for posting a send or receive while the ranks compute "
+        "beyond posting it on an idle host (`Calibration.busy_post_us`). "
         "Raw: `docs/benchmarks/ooo_pipeline.json`.",
         "",
         "*At the profile's speed*: the same prediction without bringing the profile to the host's speed of the "

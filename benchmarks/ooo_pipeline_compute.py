@@ -7,7 +7,8 @@ ZBVZeroBubble/2 at M = 4 and 16, each run once with two readings of the host's s
 (``PipeRunConfig.host_rounds``). Per rank: the per-layer profile's sum over the rank's compute
 actions, scaled to the host's speed read in the run and by the run's co-run factor, against the wall
 time and the compute thread's CPU time inside the stages' compute calls
-(``compute_ms_per_step``).
+(``compute_ms_per_step``); beside them the step and the time the runtime spends posting its sends and
+receives and waiting for them (``p2p_ms_per_step``).
 
 Part 2, one process: each rank's compute order of the same schedules replayed on the same stage
 modules (stand-in tensors for the received activations and gradients), paired with the same actions
@@ -64,8 +65,9 @@ def real_runs(prof: Any, case: Any, log: Any) -> list[str]:
 
     micro = sorted({case.batch_size // m for m in MICROBATCHES})
     ref = {b: alone_loop_ms(case.model, case.blocks, b, steps=10) for b in micro}
-    rows = ["| schedule | M | rank | profile x speed x co-run ms | inside the calls: wall ms | CPU ms | CPU / profile |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| schedule | M | rank | step ms | profile x speed x co-run ms | inside the calls: wall ms | CPU ms | "
+            "CPU / profile | posting transfers: wall ms | CPU ms | waiting for transfers ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     notes: list[str] = []
     with emulated_link(1000.0, 0.0, notes) as (_net, popen, master):
         for m in MICROBATCHES:
@@ -84,8 +86,11 @@ def real_runs(prof: Any, case: Any, log: Any) -> list[str]:
                     wall = sum(v for k, v in inside.items() if not k.startswith("cpu:"))
                     cpu = sum(v for k, v in inside.items() if k.startswith("cpu:"))
                     pred = _profile_ms(prof, spec, layers, mb, r["rank"]) * scale
-                    rows.append(f"| {name}/{spr} | {m} | {r['rank']} | {pred:.1f} | {wall:.1f} | {cpu:.1f} | "
-                                f"{cpu / pred:.2f}x |")  # fmt: skip
+                    p2p = r.get("p2p_ms_per_step", {})
+                    step = statistics.fmean(r["step_ms"])
+                    rows.append(f"| {name}/{spr} | {m} | {r['rank']} | {step:.1f} | {pred:.1f} | {wall:.1f} | {cpu:.1f} | "
+                                f"{cpu / pred:.2f}x | {p2p.get('post', 0.0):.1f} | {p2p.get('cpu:post', 0.0):.1f} | "
+                                f"{p2p.get('wait', 0.0):.1f} |")  # fmt: skip
                     log(rows[-1])
     return rows + [f"Note: {n}" for n in notes]
 
@@ -187,7 +192,9 @@ def main() -> int:
         head,
         "Real runs (1 Gbit/s, one run each, 8 measured steps): the per-layer profile's sum over the rank's",
         "compute actions, scaled to the host's speed read in the run and by its co-run factor, against the",
-        "wall time and the compute thread's CPU time inside the stages' compute calls, per step.",
+        "wall time and the compute thread's CPU time inside the stages' compute calls, per step; then the",
+        "wall and CPU time of the runtime's calls that post its sends and receives (`_batch_p2p`), and the wall",
+        "time of its waits for them (`_wait_batch_p2p`), per step (`p2p_ms_per_step` of the runner).",
         "",
         *real_runs(prof, case, log),
         "",

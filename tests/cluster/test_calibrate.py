@@ -192,6 +192,9 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(t > 0 for t in ag.p2p_oneway_us + ag.p2p_exchange_us) and ag.duplex_factor() == 1.0
     # the parameter-server primitives at the same sizes
     assert len(ag.gather_us) == len(ag.broadcast_us) == 2 and all(t > 0 for t in ag.gather_us + ag.broadcast_us)
+    # posting a send or receive, between pauses and between computations
+    assert len(ag.post_idle_us) == len(ag.post_busy_us) == 2 and all(t > 0 for t in ag.post_idle_us + ag.post_busy_us)
+    assert ag.busy_post_us() >= 0.0
     # the ranks' threads in the real-time class (root here): all-reduces only, no CPU pass
     rt = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, realtime=True)
     assert all(t > 0 for t in rt.measured_us) and rt.cpu_sizes_bytes == []
@@ -210,6 +213,12 @@ def test_p2p_line_and_duplex_factor() -> None:
     assert cal.duplex_factor() == pytest.approx(1.6)  # only sizes >= 256 KiB count
     back = Calibration.from_json(cal.to_json())
     assert back.duplex_factor() == pytest.approx(1.6)
+    # posting on a busy host: the mean excess over the idle posts, never below 0
+    busy = Calibration(**base, p2p_sizes_bytes=[4096, 65536], post_idle_us=[70.0, 80.0],  # type: ignore[arg-type]
+                       post_busy_us=[470.0, 280.0])  # fmt: skip
+    assert busy.busy_post_us() == pytest.approx(300.0)
+    assert Calibration.from_json(busy.to_json()).busy_post_us() == pytest.approx(300.0)
+    assert Calibration(**base, post_idle_us=[90.0], post_busy_us=[60.0]).busy_post_us() == 0.0  # type: ignore[arg-type]
     none = Calibration(**base)  # type: ignore[arg-type]
     assert none.duplex_factor() == 1.0
     # gather / broadcast lines: fitted where measured, else the point-to-point line

@@ -58,6 +58,12 @@ def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: t
     want = lowered_order(cfg.pipe_spec())
     for r in range(2):
         assert res["ranks"][r]["order"] == [str(a) for a in want[r]]
+        # the runtime's posting of and waiting for transfers is timed, apart from the computation
+        p2p, comp = res["ranks"][r]["p2p_ms_per_step"], res["ranks"][r]["compute_ms_per_step"]
+        assert set(p2p) == {"post", "cpu:post", "wait", "cpu:wait"} and min(p2p.values()) > 0
+        assert p2p["cpu:post"] <= p2p["post"] * 1.05 + 0.05 and "post" not in comp
+        step = sum(res["ranks"][r]["step_ms"]) / cfg.steps
+        assert p2p["post"] + p2p["wait"] + sum(v for k, v in comp.items() if ":" not in k) <= step * 1.02
     # microbatch losses average to the full-batch loss of the unsplit model (step 0, before any update)
     assert res["losses"][0] == pytest.approx(_plain_first_loss(3), rel=1e-5)
 

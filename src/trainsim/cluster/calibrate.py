@@ -98,6 +98,11 @@ class Calibration:
     """mean time of ``dist.gather`` of S bytes per rank to rank 0, per size of ``p2p_sizes_bytes``"""
     broadcast_us: list[float] = field(default_factory=list)
     """mean time of ``dist.broadcast`` of S bytes from rank 0, per size of ``p2p_sizes_bytes``"""
+    post_idle_us: list[float] = field(default_factory=list)
+    """mean wall time of posting one send or one receive between pauses of every rank, per size of
+    ``p2p_sizes_bytes`` (``_post_pass``)"""
+    post_busy_us: list[float] = field(default_factory=list)
+    """the same with every rank computing between its posts, as in a pipeline's steps"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -146,6 +151,19 @@ class Calibration:
         if len(self.p2p_oneway_us) >= 2:
             return _nonneg_line(np.asarray(self.p2p_sizes_bytes, float), np.asarray(self.p2p_oneway_us, float))
         return self.link.latency_us, 1.0 / self.link.bytes_per_us
+
+    def busy_post_us(self) -> float:
+        """Wall time that posting one send or receive costs a rank whose host is busy beyond what it
+        costs on an idle one (µs, >= 0; 0 when not measured): the mean over the sizes of
+        ``post_busy_us - post_idle_us``. The rank's thread is stuck in the call for that time, neither
+        computing nor letting its own work go on. On a host whose cores all compute, a post now and
+        then waits for gloo's network thread, itself waiting for a core: on the 2-vCPU VM a receive
+        posted while the peer's send was pending took 0.06-0.07 ms with both ranks pausing between
+        posts, and on average 0.3-0.7 ms (median 0.1, at most 6) with both computing (2026-11-24)."""
+        pairs = list(zip(self.post_busy_us, self.post_idle_us, strict=False))
+        if not pairs:
+            return 0.0
+        return max(0.0, statistics.fmean(b - i for b, i in pairs))
 
     def ps_lines(self) -> tuple[tuple[float, float], tuple[float, float]]:
         """``((latency_us, us_per_byte) of a gather, (...) of a broadcast)`` of S bytes per rank: the
@@ -413,6 +431,7 @@ def calibrate(
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
     p2p = [(float(statistics.fmean(o)), float(statistics.fmean(e))) for o, e in data.get("p2p_us", [])]
     ps = [(float(statistics.fmean(g)), float(statistics.fmean(b))) for g, b in data.get("ps_us", [])]
+    posts = [(float(i), float(b)) for i, b in data.get("post_us", [])]
     return Calibration(
         world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, sizes_bytes=list(sizes), measured_us=med,
         a_us=a, b_us_per_byte=b, floor_us=floor, b0_us_per_byte=b0, where=where, notes=notes,
@@ -423,6 +442,7 @@ def calibrate(
         allgather_sizes_bytes=ag_sizes if ag else [], allgather_measured_us=ag, allgather_fit=ag_fit,
         p2p_sizes_bytes=pp_sizes if p2p else [], p2p_oneway_us=[o for o, _ in p2p],
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
+        post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
     )  # fmt: skip
 
 
@@ -536,6 +556,52 @@ def _measure(op: Callable[[], Any], reps: int, budget_s: float) -> list[float]:
     return list(tt.tolist())
 
 
+POST_REPS = 40  # posts of each kind per pass of ``_post_pass``
+POST_GAP_S = 0.002  # the pause or computation before each post
+
+
+def _post_pass(x: Any, y: Any, *, compute: bool) -> float:
+    """Mean wall time (µs, averaged over the ranks) of posting one send or one receive as torch's
+    pipeline runtime posts them (``batch_isend_irecv`` with one operation), each post after
+    ``POST_GAP_S`` in which every rank either sleeps or, with ``compute``, multiplies matrices on the
+    same thread, as a pipeline stage computes between its transfers. Every rank sends ``x`` to its pair
+    and then receives ``y`` from it, so the receive is posted after the peer's send."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    a = torch.randn(192, 192)
+
+    def gap() -> None:
+        nonlocal a
+        if not compute:
+            time.sleep(POST_GAP_S)
+            return
+        t = time.perf_counter()
+        while time.perf_counter() - t < POST_GAP_S:
+            a = torch.mm(a, a).clamp_(-1.0, 1.0)
+
+    dist.barrier()
+    took, sends = 0.0, []
+    for _ in range(POST_REPS):
+        gap()
+        t0 = time.perf_counter()
+        sends += dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer)])
+        took += time.perf_counter() - t0
+        gap()
+        t0 = time.perf_counter()
+        recvs = dist.batch_isend_irecv([dist.P2POp(dist.irecv, y, peer)])
+        took += time.perf_counter() - t0
+        for work in recvs:
+            work.wait()
+    for work in sends:
+        work.wait()
+    mean = torch.tensor([took / (2 * POST_REPS) * 1e6], dtype=torch.float64)
+    dist.all_reduce(mean)
+    return float(mean.item()) / dist.get_world_size()
+
+
 def _p2p_ops(x: Any, y: Any, *, exchange: bool) -> None:
     """One transfer of ``x`` between each pair (0,1), (2,3) ...: from the even rank to the odd one, or,
     with ``exchange``, both ways at once (batched isend + irecv, as torch's pipeline runtime posts them)."""
@@ -613,8 +679,13 @@ def _worker(
         parts = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
         ps.append([_measure(partial(dist.gather, x, parts, dst=0), reps, budget_s / 2),
                    _measure(partial(dist.broadcast, x, 0), reps, budget_s / 2)])  # fmt: skip
+    posts: list[list[float]] = []  # per size: [idle, busy] mean wall time of one post
+    for size in pp_sizes:
+        x = torch.ones(max(1, size // 4), dtype=torch.float32)
+        y = torch.empty_like(x)
+        posts.append([_post_pass(x, y, compute=False), _post_pass(x, y, compute=True)])
     if rank == 0:
-        print(json.dumps({"sizes": sizes, "us": out, "rounds_us": rounds, "cpu_us": cpu, "allgather_us": gathered, "p2p_us": p2p,
+        print(json.dumps({"sizes": sizes, "us": out, "rounds_us": rounds, "cpu_us": cpu, "post_us": posts, "allgather_us": gathered, "p2p_us": p2p,
                           "ps_us": ps, "realtime": sched_error is None, "sched_error": sched_error}),
               flush=True)  # fmt: skip
     dist.destroy_process_group()

@@ -147,6 +147,9 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     mods = {s: nn.Sequential(*[children[i] for i in cfg.layers(spec)[s]]) for s in mine}
     stages = [PipelineStage(mods[s], s, spec.n_stages, torch.device("cpu")) for s in mine]
     inside = _time_stage_calls(stages)  # wall time spent in the stages' compute calls, per kind
+    p2p: dict[str, float] = {}
+    _time_p2p_calls(p2p)  # and in posting and waiting for the runtime's transfers
+    p2p_ms: dict[str, float] = {}
     rt = make_runtime(stages, spec, nn.CrossEntropyLoss())
     params = [p for s in mine for p in mods[s].parameters()]
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
@@ -184,12 +187,15 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
         for _ in range(warm):
             pipeline_step()
         inside.clear()
+        p2p.clear()
         stamps = [(time.perf_counter(), time.process_time(), time.thread_time())]
         for _ in range(n):
             pipeline_step()
             stamps.append((time.perf_counter(), time.process_time(), time.thread_time()))
         for k, v in inside.items():
             inside_ms[k] = inside_ms.get(k, 0.0) + 1e3 * v
+        for k, v in p2p.items():
+            p2p_ms[k] = p2p_ms.get(k, 0.0) + 1e3 * v
         for out_list, j in ((step_ms, 0), (cpu_ms, 1), (main_ms, 2)):
             out_list += [1e3 * (b[j] - a[j]) for a, b in itertools.pairwise(stamps)]
     dist.barrier()
@@ -203,6 +209,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "cpu_ms": cpu_ms,
                 "main_thread_cpu_ms": main_ms,
                 "compute_ms_per_step": {k: v / cfg.steps for k, v in inside_ms.items()},
+                "p2p_ms_per_step": {k: v / cfg.steps for k, v in p2p_ms.items()},
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
                 "host_speed": host,
             }
@@ -231,6 +238,32 @@ def _time_stage_calls(stages: list[Any]) -> dict[str, float]:
 
             setattr(st, attr, timed)
     return acc
+
+
+def _time_p2p_calls(acc: dict[str, float]) -> None:
+    """Accumulate into ``acc`` the wall time the runtime spends posting its sends and receives
+    (``post``; ``cpu:post``, the thread's CPU time in it) and waiting for them (``wait``), by wrapping
+    the two module-level helpers that ``torch.distributed.pipelining.schedules`` calls for every
+    transfer (``_batch_p2p``, ``_wait_batch_p2p``); nothing when a torch release lacks them."""
+    from torch.distributed.pipelining import schedules
+
+    post, wait = getattr(schedules, "_batch_p2p", None), getattr(schedules, "_wait_batch_p2p", None)
+    if post is None or wait is None:
+        return
+
+    def timed(fn: Any, key: str) -> Any:
+        def call(*a: Any, **kw: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
+                acc["cpu:" + key] = acc.get("cpu:" + key, 0.0) + time.thread_time() - c0
+
+        return call
+
+    schedules._batch_p2p = timed(post, "post")
+    schedules._wait_batch_p2p = timed(wait, "wait")
 
 
 def run_pipeline(
