@@ -23,6 +23,11 @@ Algorithm:
    turn it into the ring model's constants: the time at 0 bytes is ``2(p-1) alpha`` and
    ``b = 2(p-1)/p / bandwidth`` (``collectives.ring_allreduce_us``).
 
+With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
+parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
+between computations (``_post_pass``, ``Calibration.busy_post_us``): on a host whose cores all
+compute, a post now and then waits for gloo's network thread, itself waiting for a core.
+
 The returned ``Calibration`` holds the measured points, the fit and a catalog-style ``Link`` whose
 predictions are what the what-ifs and ``validate dp`` use.
 """
