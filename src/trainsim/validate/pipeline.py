@@ -140,7 +140,7 @@ def run_pipeline_validation(
     # or so lands on a burst of load now and then, and a burst only ever slows it, where the profile's
     # per-layer medians over 20 repetitions pass over one (2026-11-24 08:16: one reading of 20.6 ms
     # for microbatches of 2, against 13.5-13.8 in the runs before and after, put all 18 predictions
-    # 0.3-30 % low, while at the profile's speed they were within 13.3 %; 08:53, with the median of
+    # 0.3-30 % low, while at the profile's speed they were within 13.3 %; 08:51, with the median of
     # three: readings 16.0, 16.2 and 13.7 ms, and M = 8 and 16 predicted 8-21 % low)
     refs = [{b: alone_loop_ms(case.model, case.blocks, b, steps=max(10, steps)) for b in micro}]
     log(f"profiling {case.model} at microbatch sizes {micro} (one process, one thread)")
