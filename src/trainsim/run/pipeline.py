@@ -226,18 +226,23 @@ def _time_stage_calls(stages: list[Any]) -> dict[str, float]:
     acc: dict[str, float] = {}
     for st in stages:
         for kind, attr in (("F", "forward_one_chunk"), ("B", "backward_one_chunk"), ("W", "backward_weight_one_chunk")):
-            fn = getattr(st, attr)
-
-            def timed(*a: Any, _fn: Any = fn, _k: str = kind, **kw: Any) -> Any:
-                t0, c0 = time.perf_counter(), time.thread_time()
-                try:
-                    return _fn(*a, **kw)
-                finally:
-                    acc[_k] = acc.get(_k, 0.0) + time.perf_counter() - t0
-                    acc["cpu:" + _k] = acc.get("cpu:" + _k, 0.0) + time.thread_time() - c0
-
-            setattr(st, attr, timed)
+            setattr(st, attr, _timed(getattr(st, attr), kind, acc))
     return acc
+
+
+def _timed(fn: Any, key: str, acc: dict[str, float]) -> Any:
+    """``fn`` wrapped to add its wall time to ``acc[key]`` and the calling thread's CPU time in it to
+    ``acc["cpu:" + key]`` (seconds)."""
+
+    def call(*a: Any, **kw: Any) -> Any:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return fn(*a, **kw)
+        finally:
+            acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
+            acc["cpu:" + key] = acc.get("cpu:" + key, 0.0) + time.thread_time() - c0
+
+    return call
 
 
 def _time_p2p_calls(acc: dict[str, float]) -> None:
@@ -251,19 +256,8 @@ def _time_p2p_calls(acc: dict[str, float]) -> None:
     if post is None or wait is None:
         return
 
-    def timed(fn: Any, key: str) -> Any:
-        def call(*a: Any, **kw: Any) -> Any:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            try:
-                return fn(*a, **kw)
-            finally:
-                acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
-                acc["cpu:" + key] = acc.get("cpu:" + key, 0.0) + time.thread_time() - c0
-
-        return call
-
-    schedules._batch_p2p = timed(post, "post")
-    schedules._wait_batch_p2p = timed(wait, "wait")
+    schedules._batch_p2p = _timed(post, "post", acc)
+    schedules._wait_batch_p2p = _timed(wait, "wait", acc)
 
 
 def run_pipeline(
