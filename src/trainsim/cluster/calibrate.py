@@ -289,9 +289,10 @@ def fit_knee(
     then on a finer grid around the best point; ``a`` and ``b0`` are solved in closed form for each pair.
 
     Robust to one noisy size: a size between the smallest and the largest whose relative residual
-    exceeds 3 robust standard deviations of the residuals (and 3 %) is left out and the fit repeated, so that a mean pushed up by a burst of
-    host load (a 1 MiB all-reduce 16 % above its neighbours' line at 20 Mbit/s) does not tilt the slope
-    that the large sizes, the ones a training step pays for, depend on.
+    exceeds 3 robust standard deviations of the residuals (and 3 %) is left out and the fit repeated,
+    so that a mean pushed up by a burst of host load (a 1 MiB all-reduce 16 % above its neighbours'
+    line at 20 Mbit/s) does not tilt the slope that the large sizes, the ones a training step pays
+    for, depend on.
     """
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(times_us, dtype=float)
@@ -429,7 +430,7 @@ def calibrate(
     data = json.loads(outs[0].strip().splitlines()[-1])
     if realtime and not data.get("realtime"):
         notes.append(f"real-time scheduling refused ({data.get('sched_error')}): measured with the default scheduler")
-    med = [round_mean(r) for r in data.get("rounds_us") or [[x] for x in data["us"]]]
+    med = [round_mean(r) for r in data["rounds_us"]]
     a, b, floor, b0 = fit_knee(np.array(sizes), np.array(med))
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) >= 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
@@ -690,8 +691,9 @@ def _worker(
         y = torch.empty_like(x)
         posts.append([_post_pass(x, y, compute=False), _post_pass(x, y, compute=True)])
     if rank == 0:
-        print(json.dumps({"sizes": sizes, "us": out, "rounds_us": rounds, "cpu_us": cpu, "post_us": posts, "allgather_us": gathered, "p2p_us": p2p,
-                          "ps_us": ps, "realtime": sched_error is None, "sched_error": sched_error}),
+        print(json.dumps({"sizes": sizes, "rounds_us": rounds, "cpu_us": cpu, "post_us": posts,
+                          "allgather_us": gathered, "p2p_us": p2p, "ps_us": ps, "realtime": sched_error is None,
+                          "sched_error": sched_error}),
               flush=True)  # fmt: skip
     dist.destroy_process_group()
 
