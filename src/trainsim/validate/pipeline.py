@@ -142,16 +142,19 @@ def run_pipeline_validation(
     # for microbatches of 2, against 13.5-13.8 in the runs before and after, put all 18 predictions
     # 0.3-30 % low, while at the profile's speed they were within 13.3 %; 08:51, with the median of
     # three: readings 16.0, 16.2 and 13.7 ms, and M = 8 and 16 predicted 8-21 % low)
-    refs = [{b: alone_loop_ms(case.model, case.blocks, b, steps=max(10, steps)) for b in micro}]
+    def reading() -> dict[int, float]:
+        return {b: alone_loop_ms(case.model, case.blocks, b, steps=max(10, steps)) for b in micro}
+
+    refs = [reading()]
     log(f"profiling {case.model} at microbatch sizes {micro} (one process, one thread)")
     prof = profile_layers(case.model, batch_sizes=tuple(micro), reps=20, zoo=case.zoo())
-    refs.append({b: alone_loop_ms(case.model, case.blocks, b, steps=max(10, steps)) for b in micro})
+    refs.append(reading())
     overhead = {
         m: pipeline_action_overhead_us(prof, case.batch_size // m, microbatches=m, zoo=case.zoo())
         for m in case.microbatches
     }
     log("runtime overhead per action (us): " + ", ".join(f"M={m}: {v:.0f}" for m, v in overhead.items()))
-    refs.append({b: alone_loop_ms(case.model, case.blocks, b, steps=max(10, steps)) for b in micro})
+    refs.append(reading())
     alone_ref = {b: min(r[b] for r in refs) for b in micro}
     log("the plain loop alone, at profile time: " + ", ".join(
         f"microbatch {b}: {v:.1f} ms (readings {', '.join(f'{r[b]:.1f}' for r in refs)})" for b, v in alone_ref.items()))  # fmt: skip
