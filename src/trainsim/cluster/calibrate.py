@@ -575,8 +575,7 @@ def _post_pass(x: Any, y: Any, *, compute: bool) -> float:
     import torch
     import torch.distributed as dist
 
-    rank = dist.get_rank()
-    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    peer = _peer()
     a = torch.randn(192, 192)
 
     def gap() -> None:
@@ -608,13 +607,20 @@ def _post_pass(x: Any, y: Any, *, compute: bool) -> float:
     return float(mean.item()) / dist.get_world_size()
 
 
+def _peer() -> int:
+    """This rank's partner in the pairs (0,1), (2,3) ... of the point-to-point passes."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    return rank + 1 if rank % 2 == 0 else rank - 1
+
+
 def _p2p_ops(x: Any, y: Any, *, exchange: bool) -> None:
     """One transfer of ``x`` between each pair (0,1), (2,3) ...: from the even rank to the odd one, or,
     with ``exchange``, both ways at once (batched isend + irecv, as torch's pipeline runtime posts them)."""
     import torch.distributed as dist
 
-    rank = dist.get_rank()
-    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    rank, peer = dist.get_rank(), _peer()
     if exchange:
         for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]):
             work.wait()
