@@ -46,6 +46,16 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                     "rel": float((x - exact).norm() / exact.norm()),
                     "same": bool(torch.equal(x, first)),
                 }
+    from trainsim.run.casync import all_gather_bytes
+
+    for method in ("exchange", "collective"):  # the hook's all-gather: two in flight, waited and by future
+        a = torch.arange(5, dtype=torch.uint8) + 10 * rank
+        b = torch.full((3,), float(rank))
+        out_a, out_b = torch.empty(WORLD * 5, dtype=torch.uint8), torch.empty(WORLD * 3)
+        h_a, h_b = all_gather_bytes(out_a, a, None, method), all_gather_bytes(out_b, b, None, method)
+        h_b.get_future().wait()
+        h_a.wait()
+        res[f"gather/{method}"] = {"a": out_a.tolist(), "b": out_b.tolist()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
     dist.barrier()
     os._exit(0)
@@ -80,3 +90,13 @@ def test_replicas_agree_and_error_is_bounded(
             assert r["same"]
             # each hop of PS/ring re-encodes a partial sum: the error compounds a little
             assert r["rel"] < (3.0 if name == "qsgd" else 1.5)
+
+
+@pytest.mark.parametrize("method", ["exchange", "collective"])
+def test_all_gather_bytes_places_every_rank_in_order(results: list[dict[str, Any]], method: str) -> None:
+    """Receives posted before sends (``exchange``, gloo) or gloo's own all-gather: each rank's tensor
+    lands in its slot, with two gathers in flight and one of them completed through its future."""
+    for res in results:
+        got = res[f"gather/{method}"]
+        assert got["a"] == [10 * r + i for r in range(WORLD) for i in range(5)]
+        assert got["b"] == [float(r) for r in range(WORLD) for _ in range(3)]

@@ -155,6 +155,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             opt.step()
         finals.append([p.detach().clone() for p in model.parameters()])
     res["momentum_correction"] = _rel(finals[1], finals[0])
+    # the all-gather by receives posted first and by gloo's own all-gather: the same gradients
+    by_gather = [_grads("onebit", rank, steps=2, gather=m) for m in ("exchange", "collective")]
+    res["gather_same"] = all(torch.equal(a, b) for a, b in zip(*by_gather, strict=True))
     # PS and ring schemes inside the hook
     for scheme in ("ps", "ring"):
         got = _grads("none", rank, scheme=scheme)
@@ -214,6 +217,10 @@ def test_momentum_correction_equals_optimizer_momentum(results: list[dict[str, A
 
 def test_no_sync_accumulation(results: list[dict[str, Any]]) -> None:
     assert all(res["no_sync"] < 1e-6 for res in results)
+
+
+def test_gather_methods_give_the_same_gradients(results: list[dict[str, Any]]) -> None:
+    assert all(r["gather_same"] for r in results)
 
 
 def test_ps_and_ring_schemes(results: list[dict[str, Any]]) -> None:
@@ -310,6 +317,7 @@ def _bad_input_worker(rank: int, port: int, out_dir: str) -> None:
     expect("rank", lambda: CompressionState("powersgd", model=model, rank=0))
     expect("scheme", lambda: CompressionState("onebit", model=model, scheme="tree"))
     expect("powersgd_ps", lambda: CompressionState("powersgd", model=model, scheme="ps"))
+    expect("gather", lambda: CompressionState("onebit", model=model, gather="ring"))
     ghost = Plan("tbq", "ps", 1, {"ghost.weight": GradientPlan("ghost.weight", 10, True, 1)})
     expect("plan", lambda: CompressionState("tbq", model=model, plan=ghost))
     expect("plan_world", lambda: state_from_plan(Plan("tbq", "ps", 4, {}), model))
@@ -324,7 +332,7 @@ def _bad_input_worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.mark.parametrize(
     ("label", "needle"),
     [("algo", "unknown compression algorithm 'nope'"), ("ratio", "ratio=-1"), ("rank", "rank=0"),
-     ("scheme", "unknown scheme 'tree'"), ("powersgd_ps", "scheme must be 'allgather'"),
+     ("scheme", "unknown scheme 'tree'"), ("powersgd_ps", "scheme must be 'allgather'"), ("gather", "gather='ring'"),
      ("plan", "ghost.weight"), ("plan_world", "world_size=4"), ("backend", "backend 'mpi' is not supported")],
 )  # fmt: skip
 def test_bad_input(bad_inputs: dict[str, str], label: str, needle: str) -> None:

@@ -195,13 +195,12 @@ class Calibration:
         return float(min(2.0, max(1.0, statistics.fmean(e / o for e, o in pairs))))
 
     def allgather_us(self, size_bytes: float) -> float:
-        """Time of an all-gather of ``size_bytes`` per rank: where it was measured, linear between the
-        measured sizes (beyond the largest, on the last two points' slope; below the smallest, the
-        fitted line), else the ring model of the calibrated link (gloo's all-gather on 2 ranks measured
-        20-45 % slower than an all-reduce of the same bytes at 20 Mbit/s, so measure it when it matters).
-        Not one line through all sizes: on the shaped links the cost per byte grows with the size
-        (each direction's ACKs queue behind the other's data the longer both run), and a line fitted
-        from 1 KiB to 256 KiB at 20 Mbit/s was 12 % low at 256 KiB."""
+        """Time of an all-gather of ``size_bytes`` per rank (``casync.all_gather_bytes``): where it was
+        measured, linear between the measured sizes (beyond the largest, on the last two points'
+        slope; below the smallest, the fitted line), else the ring model of the calibrated link. Not
+        one line through all sizes: gloo's own all-gather, timed here until 2026-11-24, cost more per
+        byte the larger it was, and a line fitted from 1 KiB to 256 KiB at 20 Mbit/s was 12 % low at
+        256 KiB (docs/cluster.md)."""
         a, b, floor = self.allgather_fit
         if self.allgather_measured_us:
             x = np.asarray(self.allgather_sizes_bytes, float)
@@ -385,7 +384,8 @@ def calibrate(
     realtime: bool = False,
 ) -> Calibration:
     """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
-    ``allgather_sizes``: per-rank sizes at which to time ``all_gather_into_tensor`` too (>= 2 sizes);
+    ``allgather_sizes``: per-rank sizes at which to time the hook's all-gather too
+    (``trainsim.run.casync.all_gather_bytes``; >= 2 sizes);
     ``p2p_sizes``: sizes at which to time one-way sends and simultaneous exchanges (>= 2 sizes, an even
     number of ranks); ``realtime``: run every thread of the ranks in the real-time class (see
     ``_realtime``); the pass that measures interference with computation is skipped then."""
@@ -615,6 +615,12 @@ def _peer() -> int:
     return rank + 1 if rank % 2 == 0 else rank - 1
 
 
+def _gather_wait(out: Any, x: Any) -> None:
+    from trainsim.run.casync import all_gather_bytes
+
+    all_gather_bytes(out, x, None).wait()
+
+
 def _p2p_ops(x: Any, y: Any, *, exchange: bool) -> None:
     """One transfer of ``x`` between each pair (0,1), (2,3) ...: from the even rank to the odd one, or,
     with ``exchange``, both ways at once (batched isend + irecv, as torch's pipeline runtime posts them)."""
@@ -679,7 +685,8 @@ def _worker(
     for size in ag_sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
         buf = torch.empty(world * x.numel(), dtype=torch.float32)
-        gathered.append(_measure(partial(dist.all_gather_into_tensor, buf, x), reps, budget_s))
+        # the primitive the compression hook gathers with (gloo: receives posted before sends)
+        gathered.append(_measure(partial(_gather_wait, buf, x), reps, budget_s))
     p2p: list[list[list[float]]] = []
     for size in pp_sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)

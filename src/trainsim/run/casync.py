@@ -42,9 +42,82 @@ from trainsim.errors import UserError
 SCHEMES = ("allgather", "ps", "ring")
 
 
-def _all_gather_bytes(out: Tensor, inp: Tensor, group: Any) -> Any:
-    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather_single(out, inp, group=group, async_op=True)
+GATHER_METHODS = ("exchange", "collective")
+
+
+def all_gather_bytes(out: Tensor, inp: Tensor, group: Any, method: str = "exchange") -> Any:
+    """``out`` <- every rank's ``inp``, in rank order, asynchronously: a handle with ``wait()`` and
+    ``get_future()`` (done once ``out`` is filled).
+
+    ``method="exchange"`` on gloo: every receive is posted before any send (``_Exchange``). gloo's own
+    all-gather sends first; a gloo sender waits for the receiver's "ready" message, and a ready message
+    posted after the rank's own payload queues behind it in the socket, so the two directions of a
+    link ran one after the other in a share of the calls (2 ranks, 20 Mbit/s: 132 KB per rank in 56 ms
+    or in 83-109 ms; two all-gathers back to back 127-198 ms, the exchange 126-142 ms; see
+    docs/compress.md). Other backends, or ``method="collective"``: the backend's all-gather."""
+    if method not in GATHER_METHODS:
+        raise UserError(f"all-gather method {method!r}; expected one of {', '.join(GATHER_METHODS)}")
+    if method == "collective" or dist.get_backend(group) != "gloo":
+        gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return gather_single(out, inp, group=group, async_op=True)
+    return _Exchange(out, inp, group)
+
+
+class _Exchange:
+    """An all-gather by point-to-point operations: receives from every peer, then sends to every peer.
+
+    gloo's point-to-point works have no futures; ``get_future()`` hands the waiting to one daemon
+    thread per process (``_waiter``), which completes the future, so its callbacks run there (as a
+    collective's run on gloo's thread). Handles are waited for in the order they were made, the order
+    every rank posted them in."""
+
+    def __init__(self, out: Tensor, inp: Tensor, group: Any) -> None:
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if out.numel() != world * inp.numel() or out.dtype != inp.dtype:
+            raise ValueError(f"all-gather: out has {out.numel()} {out.dtype}, expected {world} x {inp.numel()} {inp.dtype}")
+        self.out = out
+        parts = out.view(world, -1)
+        parts[rank].copy_(inp.view(-1))
+        peers = [(rank + i) % world for i in range(1, world)]
+        self.works = [_work(dist.irecv(parts[p], group=group, group_src=p)) for p in reversed(peers)]
+        self.works += [_work(dist.isend(inp, group=group, group_dst=p)) for p in peers]
+
+    def wait(self) -> bool:
+        for w in self.works:
+            w.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future[list[Tensor]]:
+        fut: torch.futures.Future[list[Tensor]] = torch.futures.Future()
+        _waiter().put((self, fut))
+        return fut
+
+
+_WAIT_QUEUE: Any = None
+
+
+def _waiter() -> Any:
+    """The queue of ``(handle, future)`` that one daemon thread waits for, in order."""
+    global _WAIT_QUEUE
+    if _WAIT_QUEUE is None:
+        import queue
+        import threading
+
+        q: queue.SimpleQueue[tuple[_Exchange, torch.futures.Future[list[Tensor]]]] = queue.SimpleQueue()
+
+        def run() -> None:
+            while True:
+                handle, fut = q.get()
+                try:
+                    handle.wait()
+                except Exception as e:  # a peer's failure or timeout reaches the future's waiter
+                    fut.set_exception(e)  # type: ignore[arg-type]  # torch types the argument as T
+                else:
+                    fut.set_result([handle.out])
+
+        threading.Thread(target=run, name="trainsim-allgather-wait", daemon=True).start()
+        _WAIT_QUEUE = q
+    return _WAIT_QUEUE
 
 
 def _work(work: Any) -> Any:
@@ -78,7 +151,7 @@ def allgather_sync(x: Tensor, comp: Compressor, key: Hashable, group: Any = None
         comp.decompress_into(wire, x, key)
         return
     gathered = torch.empty(world * wire.numel(), dtype=wire.dtype)
-    _all_gather_bytes(gathered, wire, group).wait()
+    all_gather_bytes(gathered, wire, group).wait()
     parts = gathered.view(world, -1)
     for r in range(world):
         comp.decompress_into(parts[r], x, key, accumulate=r > 0)
@@ -155,7 +228,7 @@ def ring_sync(x: Tensor, comp: Compressor, key: Hashable, group: Any = None, par
         wire = comp.new_wire(n_chunk[p])
         comp.compress_into(buf[mine], wire, (key, "ring-final", p))
         out = torch.empty(world * wire.numel(), dtype=wire.dtype)
-        gathers.append((out, _all_gather_bytes(out, wire, group)))
+        gathers.append((out, all_gather_bytes(out, wire, group)))
     for p, ((off, length), (out, work)) in enumerate(zip(segs, gathers, strict=True)):
         work.wait()
         parts = out.view(world, -1)

@@ -19,7 +19,8 @@ Algorithm of ``compress_hook``, per bucket:
      feedback if on.
   4. Summable codecs (fp16, bf16, random-k) all-reduce the wire; the others all-gather it and
      decode-sum every rank's part (CaSync's all-gather scheme); ``scheme="ps"/"ring"`` uses
-     ``trainsim.run.casync`` instead.
+     ``trainsim.run.casync`` instead. On gloo the all-gather posts every receive before any send
+     (``gather="exchange"``, ``casync.all_gather_bytes``); ``gather="collective"`` uses gloo's own.
   5. Markers are added to the decoded gradients, so a NaN/Inf on any rank shows in the result
      (AMP's scaler sees it) instead of being hidden by a quantiser.
 
@@ -45,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainsim.compress.base import Compressor, make
 from trainsim.compress.powersgd import orthonormalize, worth_compressing
 from trainsim.errors import UserError
-from trainsim.run.casync import SCHEMES, _all_gather_bytes, sync
+from trainsim.run.casync import GATHER_METHODS, SCHEMES, all_gather_bytes, sync
 
 # gloo only: the hooks keep their scratch and wires on the CPU; CUDA buckets (NCCL) are not handled
 # yet, and no GPU was available to test them
@@ -82,6 +83,7 @@ class CompressionState:
         "_layouts",
         "_pending_advance",
         "compressor",
+        "gather",
         "iteration",
         "min_numel",
         "momentum",
@@ -101,6 +103,7 @@ class CompressionState:
         *,
         model: nn.Module | None = None,
         scheme: str = "allgather",
+        gather: str = "exchange",
         plan: Any = None,
         min_numel: int = 1024,
         start_iter: int = 0,
@@ -137,6 +140,11 @@ class CompressionState:
         if getattr(self.compressor.codec, "low_rank", False) and scheme != "allgather":
             raise UserError("compression hook: powersgd all-reduces P and Q; scheme must be 'allgather'")
         self.scheme = scheme
+        if gather not in GATHER_METHODS:
+            raise UserError(
+                f"compression hook: gather={gather!r}; expected one of {', '.join(GATHER_METHODS)}"
+            )
+        self.gather = gather
         # which gradients: names (for plans and stable keys), the size floor, an optional SeCoPa plan
         self.names: dict[int, str] = {}
         if isinstance(model, DistributedDataParallel):
@@ -366,7 +374,7 @@ def _compressed(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.
 
     else:
         gathered = torch.empty(world * wire.numel(), dtype=wire.dtype)
-        futures.append(_all_gather_bytes(gathered, wire, group).get_future())
+        futures.append(all_gather_bytes(gathered, wire, group, state.gather).get_future())
 
         def decode(_: Any) -> None:
             parts = gathered.view(world, -1)

@@ -431,7 +431,7 @@ def worker(cfg: dict[str, Any]) -> None:
 
                 plan = Plan.load(cfg["plan"])
             state = CompressionState(algo, model=m, scheme=cfg.get("scheme", "allgather"), plan=plan,
-                                     **cfg.get("options", {}))  # fmt: skip
+                                     gather=cfg.get("gather", "exchange"), **cfg.get("options", {}))  # fmt: skip
             net.register_comm_hook(state, hook_for(algo) if trace is None else traced(hook_for(algo)))
         return net
 
