@@ -615,10 +615,8 @@ def _peer() -> int:
     return rank + 1 if rank % 2 == 0 else rank - 1
 
 
-def _gather_wait(out: Any, x: Any) -> None:
-    from trainsim.run.casync import all_gather_bytes
-
-    all_gather_bytes(out, x, None).wait()
+def _gather_wait(gather: Callable[..., Any], out: Any, x: Any) -> None:
+    gather(out, x, None).wait()
 
 
 def _p2p_ops(x: Any, y: Any, *, exchange: bool) -> None:
@@ -681,12 +679,14 @@ def _worker(
         n_cpu = 0 if slow or realtime else int(budget_s * 1e6 / max(statistics.fmean(times), 1.0))
         cpu.append(_cpu_pass(x, n_cpu))
     del xs
+    from trainsim.run.casync import all_gather_bytes
+
     gathered: list[list[float]] = []
     for size in ag_sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
         buf = torch.empty(world * x.numel(), dtype=torch.float32)
         # the primitive the compression hook gathers with (gloo: receives posted before sends)
-        gathered.append(_measure(partial(_gather_wait, buf, x), reps, budget_s))
+        gathered.append(_measure(partial(_gather_wait, all_gather_bytes, buf, x), reps, budget_s))
     p2p: list[list[list[float]]] = []
     for size in pp_sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
