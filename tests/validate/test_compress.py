@@ -57,18 +57,20 @@ def test_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[
 
 @pytest.mark.multiproc
 def test_hook_against_plain_ddp_in_one_process() -> None:
-    """The one-rank measurement behind the hook's own overhead: both loops run, the hook costs time,
-    and the codec is timed beside them."""
+    """The one-rank measurement behind the hook's own overhead: both loops run in every round, the
+    hook costs time, and each round times the codec beside its steps."""
     import json
 
     from trainsim.validate.launch import launch
 
     cfg = {"model": "mlp", "algorithm": "onebit", "options": {}, "scheme": "allgather", "steps": 3,
-           "warmup": 1, "overhead": True}  # fmt: skip
+           "warmup": 1, "overhead": True, "rounds": 2}  # fmt: skip
     data = json.loads(launch(1, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None)[0].strip().splitlines()[-1])
     assert data["plain_ms"] > 0 and data["hook_ms"] > data["plain_ms"]
-    # the codec timed in the same process before and after, at every calibration size
     from trainsim.compress.secopa import CAL_SIZES
 
-    assert len(data["codec_samples"]) == 2
-    assert all(len(s["enc_ms"]) == len(CAL_SIZES) and min(s["enc_ms"]) > 0 for s in data["codec_samples"])
+    assert len(data["rounds"]) == 2
+    for r in data["rounds"]:
+        # the paired difference of the round's steps, and the codec at every calibration size
+        assert r["diff_ms"] > 0 and r["hook_ms"] > r["plain_ms"]
+        assert len(r["codec_samples"]["enc_ms"]) == len(CAL_SIZES) and min(r["codec_samples"]["enc_ms"]) > 0

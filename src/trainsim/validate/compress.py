@@ -121,23 +121,30 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
 
 def _hook_overhead_ms(wcfg: dict[str, Any], ccfg: Any, link: Any, params: Any, shapes: dict[str, Any]) -> float:
     """The compression hook's own host work per step beyond its codec, measured in one process: a
-    one-rank group runs plain DDP and DDP with the hook alternately (``_hook_vs_plain``); the
-    difference, less the codec time the what-if charges for one rank (``codec_us_per_step(world=1)``
-    with the codec timed in that process just before and after), is the hook's bookkeeping (layouts,
-    copies, futures, the non-finite markers), at least 0."""
+    one-rank group runs plain DDP and DDP with the hook, step by step in turn, in ``HOOK_ROUNDS``
+    rounds, each after a timing of the codec (the worker's ``overhead`` mode). Per round, the paired step
+    difference less the codec time the what-if charges for one rank (``codec_us_per_step(world=1)``,
+    with that round's codec timing); the median over the rounds, at least 0, is the hook's
+    bookkeeping (layouts, copies, futures, the non-finite markers)."""
     from trainsim.compress.secopa import CAL_SIZES
     from trainsim.transform.compression import CodecCost, codec_us_per_step
     from trainsim.validate.launch import launch
 
-    cfg = {**wcfg, "overhead": True, "steps": max(20, int(wcfg["steps"])), "warmup": 2}
+    cfg = {**wcfg, "overhead": True, "steps": max(4, int(wcfg["steps"]) // 3), "warmup": 2, "rounds": HOOK_ROUNDS}
     out = launch(1, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None, timeout_s=300)
     data = json.loads(out[0].strip().splitlines()[-1])
-    # the codec as fast as it ran in that process, timed there before and after the alternation (not
-    # at the co-run speed, nor minutes earlier: the hook's work read 0 and 8.9 ms per step for top-k
-    # in two sweeps with the codec of the link's calibration)
-    cost = CodecCost.from_samples(ccfg.algorithm, list(CAL_SIZES), data["codec_samples"], dict(ccfg.options))
-    codec_ms = codec_us_per_step(params, shapes, ccfg, cost, link, world=1) / 1e3
-    return max(0.0, data["hook_ms"] - data["plain_ms"] - codec_ms)
+    # the codec as fast as it ran in that process in the same second (not at the co-run speed, nor
+    # minutes earlier: the hook's work read 0 and 8.9 ms per step for top-k in two sweeps with the
+    # codec of the link's calibration; and one process's codec timings moved by 2x within a minute)
+    own = []
+    for r in data["rounds"]:
+        cost = CodecCost.from_samples(ccfg.algorithm, list(CAL_SIZES), [r["codec_samples"]], dict(ccfg.options))
+        own.append(r["diff_ms"] - codec_us_per_step(params, shapes, ccfg, cost, link, world=1) / 1e3)
+    return max(0.0, float(statistics.median(own)))
+
+
+HOOK_ROUNDS = 5
+"""rounds of the one-process measurement of the hook's own work (``_hook_overhead_ms``)"""
 
 
 def _plan_file(
@@ -372,20 +379,6 @@ def compress_command(
 # ---- the worker: one rank of compressed DDP (python -m trainsim.validate.compress JSON) ----------
 
 
-def _hook_vs_plain(model: Any, wrap: Any, batch: Any, warmup: int, steps: int) -> dict[str, float]:
-    """Median step (ms) of plain DDP and of DDP with the compression hook, in a one-rank group, run
-    alternately on two copies of the model (``dp_worker.alternating_ms``)."""
-    import copy
-
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from trainsim.validate.dp_worker import alternating_ms
-
-    nets = {"plain_ms": DDP(model), "hook_ms": wrap(copy.deepcopy(model))}
-    return alternating_ms(nets, batch, torch.nn.CrossEntropyLoss(), 0.01, warmup, steps)
-
-
 def worker(cfg: dict[str, Any]) -> None:
     import copy
 
@@ -395,7 +388,7 @@ def worker(cfg: dict[str, Any]) -> None:
 
     from trainsim.models.zoo import ZooSpec, build_with_batches
     from trainsim.run.hooks import CompressionState, hook_for
-    from trainsim.validate.dp_worker import interleaved
+    from trainsim.validate.dp_worker import alternating_ms, interleaved
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -436,16 +429,21 @@ def worker(cfg: dict[str, Any]) -> None:
         return net
 
     if cfg.get("overhead"):  # one process: the hook's step vs plain DDP's, alternating
-        # the codec timed in this process just before and just after, so that the harness subtracts
-        # it at the speed the alternation ran (``_hook_overhead_ms``)
+        # per round the codec timed in this process, then the two loops' steps in turn, so that the
+        # harness subtracts the codec at the speed of the same second (``_hook_overhead_ms``)
         from trainsim.compress.secopa import CAL_SIZES
         from trainsim.transform.compression import codec_samples
 
         opts = dict(cfg.get("options", {}))
-        around = [codec_samples(algo, list(CAL_SIZES), 1, opts)] if algo != "none" else []
-        out = _hook_vs_plain(model, wrap, batch, int(cfg["warmup"]), int(cfg["steps"]))
-        around += [codec_samples(algo, list(CAL_SIZES), 1, opts)] if algo != "none" else []
-        print(json.dumps({**out, "codec_samples": around}), flush=True)
+        nets = {"plain_ms": DDP(model), "hook_ms": wrap(copy.deepcopy(model))}
+        loss = torch.nn.CrossEntropyLoss()
+        rounds: list[dict[str, Any]] = []
+        for k in range(int(cfg.get("rounds", 5))):
+            samples = codec_samples(algo, list(CAL_SIZES), 1, opts) if algo != "none" else {}
+            paired = alternating_ms(nets, batch, loss, 0.01, int(cfg["warmup"]) if k == 0 else 1, int(cfg["steps"]))
+            rounds.append({**paired, "codec_samples": samples})
+        medians = {k: float(statistics.median(float(r[k]) for r in rounds)) for k in ("plain_ms", "hook_ms")}
+        print(json.dumps({**medians, "rounds": rounds}), flush=True)
         return
     plain_net = copy.deepcopy(model) if cfg.get("interleave") else None  # before DDP: the plain loop's copy
     net = wrap(model)
