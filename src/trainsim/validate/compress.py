@@ -119,6 +119,10 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
     }
 
 
+HOOK_ROUNDS = 5
+"""rounds of the one-process measurement of the hook's own work (``_hook_overhead_ms``)"""
+
+
 def _hook_overhead_ms(wcfg: dict[str, Any], ccfg: Any, link: Any, params: Any, shapes: dict[str, Any]) -> float:
     """The compression hook's own host work per step beyond its codec, measured in one process: a
     one-rank group runs plain DDP and DDP with the hook, step by step in turn, in ``HOOK_ROUNDS``
@@ -141,10 +145,6 @@ def _hook_overhead_ms(wcfg: dict[str, Any], ccfg: Any, link: Any, params: Any, s
         cost = CodecCost.from_samples(ccfg.algorithm, list(CAL_SIZES), [r["codec_samples"]], dict(ccfg.options))
         own.append(r["diff_ms"] - codec_us_per_step(params, shapes, ccfg, cost, link, world=1) / 1e3)
     return max(0.0, float(statistics.median(own)))
-
-
-HOOK_ROUNDS = 5
-"""rounds of the one-process measurement of the hook's own work (``_hook_overhead_ms``)"""
 
 
 def _plan_file(
@@ -438,7 +438,7 @@ def worker(cfg: dict[str, Any]) -> None:
         nets = {"plain_ms": DDP(model), "hook_ms": wrap(copy.deepcopy(model))}
         loss = torch.nn.CrossEntropyLoss()
         rounds: list[dict[str, Any]] = []
-        for k in range(int(cfg.get("rounds", 5))):
+        for k in range(int(cfg.get("rounds", HOOK_ROUNDS))):
             samples = codec_samples(algo, list(CAL_SIZES), 1, opts) if algo != "none" else {}
             paired = alternating_ms(nets, batch, loss, 0.01, int(cfg["warmup"]) if k == 0 else 1, int(cfg["steps"]))
             rounds.append({**paired, "codec_samples": samples})
