@@ -100,3 +100,13 @@ def test_all_gather_bytes_places_every_rank_in_order(results: list[dict[str, Any
         got = res[f"gather/{method}"]
         assert got["a"] == [10 * r + i for r in range(WORLD) for i in range(5)]
         assert got["b"] == [float(r) for r in range(WORLD) for _ in range(3)]
+
+
+def test_backends_by_device() -> None:
+    """Which backend takes each device's tensors, for plain and per-device backend strings."""
+    from trainsim.run.casync import backends_by_device
+
+    assert backends_by_device("gloo") == {"cpu": "gloo", "cuda": "gloo"}
+    assert backends_by_device("nccl") == {"cuda": "nccl"}
+    assert backends_by_device("cpu:gloo,cuda:nccl") == {"cpu": "gloo", "cuda": "nccl"}
+    assert backends_by_device("mpi") == {}

@@ -296,6 +296,25 @@ def test_powersgd_hundreds_of_iterations(tmp_path: Path) -> None:
 # ---- bad input: clear UserErrors, in a 1-process gloo group --------------------------------------
 
 
+class CpuBucket:
+    """What ``compress_hook`` reads of a ``dist.GradBucket``: one 4x4 gradient on the CPU."""
+
+    def __init__(self) -> None:
+        self.param = nn.Parameter(torch.zeros(4, 4))
+
+    def buffer(self) -> torch.Tensor:
+        return torch.zeros(16)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [self.param]
+
+    def index(self) -> int:
+        return 0
+
+    def is_last(self) -> bool:
+        return True
+
+
 def _bad_input_worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     from trainsim.compress.secopa import GradientPlan, Plan
@@ -324,6 +343,14 @@ def _bad_input_worker(rank: int, port: int, out_dir: str) -> None:
     real = dist.get_backend
     dist.get_backend = lambda group=None: "mpi"  # type: ignore[assignment]
     expect("backend", lambda: CompressionState("onebit", model=model))
+    # NCCL is accepted, but takes CUDA buckets only: a CPU bucket is refused before any collective
+    from trainsim.run.hooks import compress_hook
+
+    dist.get_backend = lambda group=None: "nccl"  # type: ignore[assignment,return-value]
+    bucket: Any = CpuBucket()
+    expect("nccl_cpu_bucket", lambda: compress_hook(CompressionState("onebit", model=model), bucket))
+    dist.get_backend = lambda group=None: "cpu:gloo,cuda:nccl"  # type: ignore[assignment,return-value]
+    expect("per_device_backend", lambda: CompressionState("onebit", model=model).backends)
     dist.get_backend = real
     Path(out_dir, "rank0.json").write_text(json.dumps(messages))
     os._exit(0)
@@ -333,10 +360,34 @@ def _bad_input_worker(rank: int, port: int, out_dir: str) -> None:
     ("label", "needle"),
     [("algo", "unknown compression algorithm 'nope'"), ("ratio", "ratio=-1"), ("rank", "rank=0"),
      ("scheme", "unknown scheme 'tree'"), ("powersgd_ps", "scheme must be 'allgather'"), ("gather", "gather='ring'"),
-     ("plan", "ghost.weight"), ("plan_world", "world_size=4"), ("backend", "backend 'mpi' is not supported")],
+     ("plan", "ghost.weight"), ("plan_world", "world_size=4"), ("backend", "backend 'mpi' is not supported"),
+     ("nccl_cpu_bucket", "backend 'nccl' takes cuda tensors, but this DDP bucket is on cpu"),
+     ("per_device_backend", "no error")],
 )  # fmt: skip
 def test_bad_input(bad_inputs: dict[str, str], label: str, needle: str) -> None:
     assert needle in bad_inputs[label]
+
+
+def test_no_hard_coded_cpu_in_hooks_and_casync() -> None:
+    """Every tensor the hooks and CaSync make names its device (the bucket's or the gradient's): a
+    factory call without ``device=`` would put scratch or wires on the CPU beside a CUDA bucket."""
+    import ast
+    import inspect
+
+    from trainsim.run import casync, hooks
+
+    factories = {"empty", "zeros", "ones", "full", "arange", "rand", "randn", "randint", "tensor"}
+    for module in (hooks, casync):
+        source = inspect.getsource(module)
+        assert 'device="cpu"' not in source and "device='cpu'" not in source and 'device("cpu")' not in source
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            base = node.func.value
+            if isinstance(base, ast.Name) and base.id == "torch" and node.func.attr in factories:
+                keywords = {k.arg for k in node.keywords}
+                where = f"{module.__name__}:{node.lineno}"
+                assert "device" in keywords, f"{where}: torch.{node.func.attr} without device="
 
 
 @pytest.fixture(scope="module")

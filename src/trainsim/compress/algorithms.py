@@ -74,11 +74,21 @@ def _dither(ws: Workspace, n: int, gen: torch.Generator) -> Tensor:
     """n uniform random bytes (8-bit dither for stochastic rounding).
 
     Drawing 64 random bits per 8 elements is ~6x faster than ``uniform_`` on this CPU; 8 bits of
-    dither bias each rounding by at most 1/512 of a level.
+    dither bias each rounding by at most 1/512 of a level. ``gen`` is a CPU generator: for a
+    gradient on another device the bits are drawn on the host and copied (the same dither as on CPU).
     """
     words = ws.get("dither", (n + 7) // 8, torch.int64)
-    words.random_(-(1 << 63), (1 << 63) - 1, generator=gen)
+    if words.device.type == "cpu":
+        words.random_(-(1 << 63), (1 << 63) - 1, generator=gen)
+    else:  # an asynchronous copy from pageable memory is staged before it returns: host may go
+        host = torch.empty(words.numel(), dtype=torch.int64)
+        words.copy_(host.random_(-(1 << 63), (1 << 63) - 1, generator=gen), non_blocking=True)
     return words.view(torch.uint8)[:n]
+
+
+def _randint(high: int, count: int, gen: torch.Generator, device: torch.device) -> Tensor:
+    """``count`` int64 draws in [0, high) from the CPU generator ``gen``, on ``device``."""
+    return torch.randint(high, (count,), generator=gen).to(device, non_blocking=True)
 
 
 def _header(wire: Tensor, count: int) -> Tensor:
@@ -187,6 +197,9 @@ class OneBit(_Sign):
         return _header(wire, 2)  # code 0 -> mean_pos, code 1 -> mean_neg
 
 
+_PLUS_MINUS_ONE: dict[torch.device, Tensor] = {}  # signSGD's decode table, by device
+
+
 class SignSGD(_Sign):
     """signSGD (Bernstein et al., ICML 2018): one bit, decoded as +1 / -1 (scale by the learning rate)."""
 
@@ -196,7 +209,10 @@ class SignSGD(_Sign):
         self._signs(x, wire, ws)
 
     def _values(self, wire: Tensor) -> Tensor:
-        return torch.tensor([1.0, -1.0])
+        values = _PLUS_MINUS_ONE.get(wire.device)
+        if values is None:  # made once per device (a tensor from a list is a blocking copy on CUDA)
+            values = _PLUS_MINUS_ONE[wire.device] = torch.tensor([1.0, -1.0], device=wire.device)
+        return values
 
 
 class EFSignSGD(_Sign):
@@ -306,7 +322,7 @@ class TBQ(_Quant):
 
     def _values(self, wire: Tensor) -> Tensor:
         t = _header(wire, 1)
-        z = torch.zeros(1)
+        z = torch.zeros(1, device=wire.device)
         return torch.cat([-t, z, t, z])
 
 
@@ -339,7 +355,7 @@ class TernGrad(_Quant):
 
     def _values(self, wire: Tensor) -> Tensor:
         s = _header(wire, 1)
-        z = torch.zeros(1)
+        z = torch.zeros(1, device=wire.device)
         return torch.cat([-s, z, s, z])
 
 
@@ -366,14 +382,14 @@ class TernGradMinMax(_Quant):
         lo, hi = head[0], head[1]
         levels = (1 << self.bits) - 1
         gap = (hi - lo) / levels
-        inv = torch.where(gap > 0, 1.0 / gap, torch.zeros(()))
+        inv = torch.where(gap > 0, 1.0 / gap, gap.new_zeros(()))
         codes = self._stochastic_codes(x, ws, key, lo, inv, levels, self.random)
         self._pack(codes, wire, ws)
 
     def _values(self, wire: Tensor) -> Tensor:
         head = _header(wire, 2)
         gap = (head[1] - head[0]) / ((1 << self.bits) - 1)
-        return head[0] + gap * torch.arange(1 << self.bits, dtype=torch.float32)
+        return head[0] + gap * torch.arange(1 << self.bits, dtype=torch.float32, device=wire.device)
 
 
 class QSGD(_Quant):
@@ -421,7 +437,7 @@ class QSGD(_Quant):
             torch.linalg.vector_norm(x[: full * d].view(full, d), dim=1, out=norms[:full])
         if n > full * d:
             norms[full:].copy_(torch.linalg.vector_norm(x[full * d :]).reshape(1))
-        inv = torch.where(norms > 0, s / norms, torch.zeros(()))
+        inv = torch.where(norms > 0, s / norms, norms.new_zeros(()))
         f = ws.get("f", n)
         self._scale_by_bucket(x, inv, f)  # x * s / norm, in [-s, s]
         f.add_(_dither(ws, n, self.generator(key, shared=False)), alpha=1 / 256)
@@ -442,7 +458,7 @@ class QSGD(_Quant):
         if self.bits == 8:  # one byte per code: an affine map beats a 1-column table lookup by ~10x
             dst.copy_(wire[4 * nb : 4 * nb + n]).sub_(s).mul_(1 / s)
         else:
-            levels = (torch.arange(1 << self.bits, dtype=torch.float32) - s) / s
+            levels = (torch.arange(1 << self.bits, dtype=torch.float32, device=wire.device) - s) / s
             packed = wire[4 * nb :]
             unpack_table(packed, levels, self.bits, dst, index=ws.get("index", packed.numel(), torch.int64))
         self._scale_by_bucket(dst, norms, dst)
@@ -505,7 +521,7 @@ class TopK(_Sparse):
         if n <= 1 << 16 or k * 8 > n:
             return torch.topk(a, k, sorted=False).indices
         m = min(n, 1 << 14)  # 16k samples: the threshold's quantile is good to a few percent
-        sample = a[torch.randint(n, (m,), generator=self.generator(key, shared=False))]
+        sample = a[_randint(n, m, self.generator(key, shared=False), a.device)]
         r = min(m, int(m * k / n * 2) + 16)  # about 2k expected candidates
         thr = torch.topk(sample, r, sorted=False).values.min()
         cand = torch.nonzero(a >= thr).squeeze(1)
@@ -539,23 +555,23 @@ class RandomK(Codec):
     def wire_bytes(self, numel: int) -> int:
         return 4 * _kept(numel, self.ratio)
 
-    def _indices(self, numel: int, key: int) -> Tensor:
+    def _indices(self, numel: int, key: int, device: torch.device) -> Tensor:
         k = _kept(numel, self.ratio)
-        return torch.randint(numel, (k,), generator=self.generator(key, shared=True))
+        return _randint(numel, k, self.generator(key, shared=True), device)
 
     def encode(self, x: Tensor, wire: Tensor, ws: Workspace, key: int) -> None:
-        torch.index_select(x, 0, self._indices(x.numel(), key), out=wire)
+        torch.index_select(x, 0, self._indices(x.numel(), key, x.device), out=wire)
         if self.scale:
             wire.mul_(x.numel() / wire.numel())
 
     def remove_sent(self, acc: Tensor, wire: Tensor, ws: Workspace, key: int) -> bool:
         if self.scale:
             return False  # scaled values are not acc's own: decode and subtract
-        acc.index_fill_(0, self._indices(acc.numel(), key), 0.0)
+        acc.index_fill_(0, self._indices(acc.numel(), key, acc.device), 0.0)
         return True
 
     def decode(self, wire: Tensor, out: Tensor, ws: Workspace, key: int, *, accumulate: bool = False) -> None:
-        idx = self._indices(out.numel(), key)
+        idx = self._indices(out.numel(), key, out.device)
         if accumulate:
             out.index_put_((idx,), out[idx] + wire)  # duplicates carry equal values: no double count
         else:
@@ -623,14 +639,14 @@ class SampledThreshold(_Sparse):
         torch.abs(src, out=a)
         m = max(1, min(n, math.ceil(n * self.sample_rate)))
         gen = self.generator(key, shared=False)
-        sample = a[torch.randint(n, (m,), generator=gen)] if m < n else a
+        sample = a[_randint(n, m, gen, a.device)] if m < n else a
         r = max(1, min(m, math.ceil(m * k / n)))
         thr = torch.topk(sample, r, sorted=False).values.min()
         sent = torch.nonzero(a >= thr).squeeze(1)
         if sent.numel() > k:
             sent = sent[torch.topk(a[sent], k, sorted=False).indices]
         got = int(sent.numel())
-        idx = sent if got == k else torch.cat([sent, torch.zeros(k - got, dtype=sent.dtype)])
+        idx = sent if got == k else torch.cat([sent, sent.new_zeros(k - got)])
         self._write(src, idx, wire, k)
         if got < k:
             wire[: 4 * k].view(torch.float32)[got:].zero_()  # padding (index 0, value 0) adds nothing

@@ -45,18 +45,29 @@ from trainsim.errors import UserError
 
 
 class Workspace:
-    """Named scratch buffers of one gradient, reused across steps (grown, never shrunk)."""
+    """Named scratch buffers of one gradient, reused across steps (grown, never shrunk).
 
-    __slots__ = ("_bufs",)
+    Buffers live on ``device``, the device of the gradient (the compressor sets it on every call);
+    a buffer made on another device is moved there with its contents (error-feedback memory
+    survives ``model.to(device)``).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_bufs", "device")
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
         self._bufs: dict[str, Tensor] = {}
+        self.device = torch.device("cpu") if device is None else torch.device(device)
 
     def get(self, name: str, numel: int, dtype: torch.dtype = torch.float32, *, zero: bool = False) -> Tensor:
         """A 1-D buffer of ``numel`` elements; ``zero`` zeroes it when it is first made."""
         buf = self._bufs.get(name)
+        if buf is not None and buf.device != self.device:
+            buf = self._bufs[name] = buf.to(self.device)
         if buf is None or buf.numel() < numel or buf.dtype != dtype:
-            buf = torch.zeros(numel, dtype=dtype) if zero else torch.empty(numel, dtype=dtype)
+            if zero:
+                buf = torch.zeros(numel, dtype=dtype, device=self.device)
+            else:
+                buf = torch.empty(numel, dtype=dtype, device=self.device)
             self._bufs[name] = buf
         return buf[:numel]
 
@@ -112,7 +123,11 @@ class Codec:
         return self.name
 
     def generator(self, key: int, *, shared: bool) -> torch.Generator:
-        """A generator for this step and gradient: ``shared`` ones agree on every rank."""
+        """A generator for this step and gradient: ``shared`` ones agree on every rank.
+
+        Always a CPU generator: codecs draw on the host and copy the draws to the gradient's
+        device, so a CUDA gradient gets the same random numbers as a CPU one (the same results,
+        and every rank the same shared draws whatever its device)."""
         salt = 0 if shared else self.rank + 1
         seed = zlib.crc32(f"{self.seed}:{self.step}:{key}:{salt}".encode())
         return torch.Generator().manual_seed(seed)
@@ -180,10 +195,13 @@ class Compressor:
     def step(self, value: int) -> None:
         self.codec.step = value
 
-    def workspace(self, key: Hashable) -> Workspace:
+    def workspace(self, key: Hashable, device: torch.device | None = None) -> Workspace:
+        """The scratch of gradient ``key``; ``device`` (the gradient's) is where its buffers live."""
         ws = self._ws.get(key)
         if ws is None:
-            ws = self._ws[key] = Workspace()
+            ws = self._ws[key] = Workspace(device)
+        elif device is not None:
+            ws.device = device
         return ws
 
     def key_id(self, key: Hashable) -> int:
@@ -199,8 +217,8 @@ class Compressor:
     def wire_numel(self, numel: int) -> int:
         return self.codec.wire_numel(numel)
 
-    def new_wire(self, numel: int) -> Tensor:
-        return torch.empty(self.codec.wire_numel(numel), dtype=self.codec.wire_dtype)
+    def new_wire(self, numel: int, device: torch.device | None = None) -> Tensor:
+        return torch.empty(self.codec.wire_numel(numel), dtype=self.codec.wire_dtype, device=device)
 
     def reset(self, key: Hashable | None = None) -> None:
         """Forget error-feedback memory (of one gradient, or of all)."""
@@ -211,7 +229,7 @@ class Compressor:
 
     def compress_into(self, x: Tensor, wire: Tensor, key: Hashable = 0) -> None:
         """Encode fp32 1-D ``x`` (with error feedback if on) into ``wire``."""
-        ws = self.workspace(key)
+        ws = self.workspace(key, x.device)
         kid = self.key_id(key)
         codec = self.codec
         if not self.error_feedback or codec.own_memory:
@@ -228,20 +246,20 @@ class Compressor:
         err.sub_(dec)  # e = acc - D(C(acc))
 
     def compress(self, x: Tensor, key: Hashable = 0) -> Tensor:
-        wire = self.new_wire(x.numel())
+        wire = self.new_wire(x.numel(), x.device)
         self.compress_into(x.reshape(-1).float().contiguous(), wire, key)
         return wire
 
     def decompress_into(
         self, wire: Tensor, out: Tensor, key: Hashable = 0, *, accumulate: bool = False
     ) -> None:
-        ws = self.workspace(("dec", key))
+        ws = self.workspace(("dec", key), out.device)
         if (wire.storage_offset() * wire.element_size()) % 8:
             wire = wire.clone()  # a rank's part of a gathered buffer: realign for typed header views
         self.codec.decode(wire, out, ws, self.key_id(key), accumulate=accumulate)
 
     def decompress(self, wire: Tensor, numel: int, key: Hashable = 0) -> Tensor:
-        out = torch.empty(numel)
+        out = torch.empty(numel, device=wire.device)
         self.decompress_into(wire, out, key)
         return out
 

@@ -37,7 +37,7 @@ _PACK: dict[int, tuple[torch.dtype, int, int]] = {
     2: (torch.int32, (1 << 24) + (1 << 18) + (1 << 12) + (1 << 6), 24),
     4: (torch.int16, (1 << 8) + (1 << 4), 8),
 }
-_BYTE_CODES: dict[int, Tensor] = {}
+_BYTE_CODES: dict[tuple[int, torch.device], Tensor] = {}  # by bits and device
 
 
 def packed_bytes(numel: int, bits: int) -> int:
@@ -77,18 +77,19 @@ _POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.in
 
 def popcount(packed: Tensor) -> Tensor:
     """Number of set bits in a uint8 tensor (0-d int64)."""
-    return _POPCOUNT[packed.to(torch.int64)].sum()
+    return _POPCOUNT.to(packed.device)[packed.to(torch.int64)].sum()
 
 
-def byte_codes(bits: int) -> Tensor:
-    """``[256, 8/bits]`` int64 table: the codes held by each byte value."""
-    table = _BYTE_CODES.get(bits)
+def byte_codes(bits: int, device: torch.device | None = None) -> Tensor:
+    """``[256, 8/bits]`` int64 table: the codes held by each byte value (on ``device``, default CPU)."""
+    where = torch.device("cpu") if device is None else device
+    table = _BYTE_CODES.get((bits, where))
     if table is None:
         per = per_byte(bits)
         byte = torch.arange(256, dtype=torch.int64).unsqueeze(1)
         shifts = torch.arange(per, dtype=torch.int64) * bits
-        table = (byte >> shifts) & ((1 << bits) - 1)
-        _BYTE_CODES[bits] = table
+        table = ((byte >> shifts) & ((1 << bits) - 1)).to(where)
+        _BYTE_CODES[(bits, where)] = table
     return table
 
 
@@ -104,23 +105,23 @@ def unpack_table(
 ) -> None:
     """Decode ``packed`` codes into ``out`` (fp32, n elements), code c meaning ``values[c]``.
 
-    ``values`` holds ``2**bits`` floats. With ``accumulate`` the decoded values are added to
-    ``out``; ``scratch`` (fp32, at least n rounded up to a whole byte) is then used for the decoded
-    values (allocated if not given). ``index``: a reusable int64 buffer of ``len(packed)``.
+    ``values`` holds ``2**bits`` floats, on the device of ``packed`` and ``out``. With ``accumulate``
+    the decoded values are added to ``out``; ``scratch`` (fp32, at least n rounded up to a whole
+    byte) is then used for the decoded values (allocated if not given). ``index``: a reusable int64
+    buffer of ``len(packed)``.
     """
     n = out.numel()
     per = per_byte(bits)
     if bits == 8:  # one code per byte: a 1-column table gather is ~10x slower than an affine map
         step = values[1] - values[0]
-        if torch.allclose(
-            values, values[0] + step * torch.arange(256, dtype=values.dtype), rtol=1e-5, atol=0.0
-        ):
-            dst = torch.empty(n, dtype=out.dtype) if accumulate else out
+        levels = torch.arange(256, dtype=values.dtype, device=values.device)
+        if torch.allclose(values, values[0] + step * levels, rtol=1e-5, atol=0.0):
+            dst = torch.empty(n, dtype=out.dtype, device=out.device) if accumulate else out
             dst.copy_(packed[:n]).mul_(step).add_(values[0])
             if accumulate:
                 out.add_(dst)
             return
-    table = values[byte_codes(bits)]  # [256, per] fp32: tiny
+    table = values[byte_codes(bits, values.device)]  # [256, per] fp32: tiny
     if index is None:
         index = packed.to(torch.int64)
     else:
@@ -128,7 +129,10 @@ def unpack_table(
         index.copy_(packed)
     full = n // per
     if accumulate:
-        tmp = scratch if scratch is not None else torch.empty(packed.numel() * per, dtype=out.dtype)
+        if scratch is not None:
+            tmp = scratch
+        else:
+            tmp = torch.empty(packed.numel() * per, dtype=out.dtype, device=out.device)
         dst = tmp[: packed.numel() * per].view(-1, per)
         torch.index_select(table, 0, index, out=dst)
         out.add_(tmp[:n])

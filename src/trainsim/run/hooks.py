@@ -24,6 +24,14 @@ Algorithm of ``compress_hook``, per bucket:
   5. Markers are added to the decoded gradients, so a NaN/Inf on any rank shows in the result
      (AMP's scaler sees it) instead of being hidden by a quantiser.
 
+Devices: everything a bucket needs (error-feedback memory, scratch, wires, the decoded result) lives
+on the bucket's device, ``bucket.buffer().device``. gloo groups take CPU and CUDA buckets (gloo
+stages CUDA tensors through the host; see ``trainsim.run.casync``), NCCL groups CUDA buckets; any
+other pairing is a ``UserError`` naming the backend and the device. Random draws (dither, sampled
+indices, random-k) come from seeded CPU generators and are copied to the device, so a CUDA bucket
+gets what a CPU bucket would. On CUDA the returned future is CUDA-aware: it completes with an event
+recorded after the decode, on the stream the decode ran on, and DDP's wait orders its stream behind it.
+
 Collectives are issued only from the hook itself (the autograd thread, in bucket order, the same
 on every rank), never from a future's callback, so ranks cannot disagree on collective order.
 Per-gradient state (error feedback, warm-start Q, scratch) is keyed by the parameters, not the
@@ -46,11 +54,16 @@ from torch.nn.parallel import DistributedDataParallel
 from trainsim.compress.base import Compressor, make
 from trainsim.compress.powersgd import orthonormalize, worth_compressing
 from trainsim.errors import UserError
-from trainsim.run.casync import GATHER_METHODS, SCHEMES, all_gather_bytes, sync
+from trainsim.run.casync import (
+    BACKEND_DEVICES,
+    GATHER_METHODS,
+    SCHEMES,
+    all_gather_bytes,
+    backends_by_device,
+    sync,
+)
 
-# gloo only: the hooks keep their scratch and wires on the CPU; CUDA buckets (NCCL) are not handled
-# yet, and no GPU was available to test them
-_SUPPORTED_BACKENDS = ("gloo",)
+_SUPPORTED_BACKENDS = tuple(BACKEND_DEVICES)  # gloo (CPU and CUDA buckets), nccl (CUDA buckets)
 _MARKER = 8  # bytes reserved before each gradient's wire: a fp32 marker, padded to keep 8-byte alignment
 
 
@@ -82,6 +95,8 @@ class CompressionState:
     __slots__ = (
         "_layouts",
         "_pending_advance",
+        "backend",
+        "backends",
         "compressor",
         "gather",
         "iteration",
@@ -118,11 +133,14 @@ class CompressionState:
                 "compression hook: torch.distributed is not initialised; call init_process_group first"
             )
         backend = str(dist.get_backend(process_group))
-        if backend not in _SUPPORTED_BACKENDS:
+        backends = backends_by_device(backend)
+        if not backends or any(name not in _SUPPORTED_BACKENDS for name in backends.values()):
             raise UserError(
                 f"compression hook: process group backend {backend!r} is not supported; "
                 f"expected one of {', '.join(_SUPPORTED_BACKENDS)}"
             )
+        self.backend = backend
+        self.backends = backends  # device type -> the backend that takes its tensors
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
@@ -207,6 +225,18 @@ def _advance(state: CompressionState, bucket: dist.GradBucket) -> None:
         state._pending_advance = True
 
 
+def _check_device(state: CompressionState, buf: Tensor) -> None:
+    """A bucket on a device that the group's backend cannot take is a user error (NCCL and a CPU model)."""
+    if buf.device.type in state.backends:
+        return
+    takes = " and ".join(sorted(state.backends))
+    raise UserError(
+        f"compression hook: process group backend {state.backend!r} takes {takes} tensors, but this "
+        f"DDP bucket is on {buf.device}; move the model to a CUDA device before wrapping it in DDP "
+        f"(NCCL), or use a gloo process group for CPU training"
+    )
+
+
 def _layout(state: CompressionState, bucket: dist.GradBucket) -> _Layout:
     params = bucket.parameters()
     # the wire size of a probe size joins the key: DGC's sparsity warm-up changes sizes over steps
@@ -285,7 +315,8 @@ def _allreduce_fut(state: CompressionState, tensor: Tensor) -> torch.futures.Fut
 
 
 def _done(value: Tensor) -> torch.futures.Future[Tensor]:
-    fut: torch.futures.Future[Tensor] = torch.futures.Future()
+    """A completed future of ``value``; CUDA-aware for a CUDA tensor (an event after its kernels)."""
+    fut: torch.futures.Future[Tensor] = torch.futures.Future(devices=[value.device] if value.is_cuda else None)
     fut.set_result(value)
     return fut
 
@@ -297,6 +328,7 @@ def compress_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
     """
     _advance(state, bucket)
     buf = bucket.buffer()
+    _check_device(state, buf)
     layout = _layout(state, bucket)
     if state.momentum:
         _momentum_correction(state, buf, layout)
@@ -318,7 +350,7 @@ def _momentum_correction(state: CompressionState, buf: Tensor, layout: _Layout) 
     """
     m = state.momentum
     for off, n, name in layout.every:
-        u = state.compressor.workspace(("momentum", name)).get("u", n, zero=True)
+        u = state.compressor.workspace(("momentum", name), buf.device).get("u", n, zero=True)
         seg = buf[off : off + n]
         u.mul_(m).add_(seg)
         seg.copy_(u)
@@ -345,7 +377,8 @@ def _compressed(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.
         return _finish(buf, layout, plain, futures)
     codec = comp.codec
     head = 0 if natural else _MARKER  # bytes before each gradient's wire (non-summable codecs)
-    wire = torch.empty(layout.wire_size, dtype=codec.wire_dtype)
+    device = buf.device
+    wire = torch.empty(layout.wire_size, dtype=codec.wire_dtype, device=device)
     for e in layout.entries:
         x = _as_fp32(buf, e)
         w = wire[e.wire_offset : e.wire_offset + e.wire_size]
@@ -361,10 +394,13 @@ def _compressed(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.
         futures.append(dist.all_reduce(wire, group=group, async_op=True).get_future())
 
         def decode(_: Any) -> None:
+            _in_use(wire)
             for e in layout.entries:
                 w = wire[e.wire_offset : e.wire_offset + e.wire_size]
                 out = (
-                    torch.empty(e.numel) if buf.dtype != torch.float32 else buf[e.offset : e.offset + e.numel]
+                    torch.empty(e.numel, device=device)
+                    if buf.dtype != torch.float32
+                    else buf[e.offset : e.offset + e.numel]
                 )
                 comp.decompress_into(w[: comp.wire_numel(e.numel)], out, e.key)
                 if not natural:
@@ -373,16 +409,19 @@ def _compressed(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.
                     buf[e.offset : e.offset + e.numel].copy_(out)
 
     else:
-        gathered = torch.empty(world * wire.numel(), dtype=wire.dtype)
+        gathered = torch.empty(world * wire.numel(), dtype=wire.dtype, device=device)
         futures.append(all_gather_bytes(gathered, wire, group, state.gather).get_future())
 
         def decode(_: Any) -> None:
+            _in_use(wire, gathered)
             parts = gathered.view(world, -1)
             for e in layout.entries:
                 out = (
-                    torch.empty(e.numel) if buf.dtype != torch.float32 else buf[e.offset : e.offset + e.numel]
+                    torch.empty(e.numel, device=device)
+                    if buf.dtype != torch.float32
+                    else buf[e.offset : e.offset + e.numel]
                 )
-                flags = torch.zeros(1)
+                flags = torch.zeros(1, device=device)
                 for r in range(world):
                     w = parts[r, e.wire_offset : e.wire_offset + e.wire_size]
                     comp.decompress_into(
@@ -407,16 +446,51 @@ def _finish(
 ) -> torch.futures.Future[Tensor]:
     def finish(fut: Any) -> Tensor:
         for f in fut.value():
-            f.value()  # re-raises a collective's error here
+            f.wait()  # re-raises a collective's error here; on CUDA, orders this stream after it
         if decode is not None:
             decode(None)
         if plain is not None:
+            _in_use(plain)
             _scatter_plain(buf, layout, plain)
         return buf
 
     if not futures:
         return _done(buf)
-    return torch.futures.collect_all(futures).then(finish)
+    return _then(torch.futures.collect_all(futures), finish, buf.device)
+
+
+def _then(
+    fut: torch.futures.Future[Any], fn: Callable[[Any], Tensor], device: torch.device
+) -> torch.futures.Future[Tensor]:
+    """``fut.then(fn)``; for a non-CPU ``device`` the result is a CUDA-aware future.
+
+    A future's ``then`` is CUDA-aware only if the future is; ``collect_all``'s need not be, and
+    gloo's futures are not. A future made with ``devices=[device]`` records an event on the current
+    stream (the one ``fn`` queued its kernels on) when ``fn``'s result is set, and ``wait()``
+    (DDP's) makes the waiter's stream wait for it.
+    """
+    if device.type == "cpu":
+        return fut.then(fn)
+    out: torch.futures.Future[Tensor] = torch.futures.Future(devices=[device])
+
+    def run(done: Any) -> None:
+        try:
+            value = fn(done)
+        except Exception as exc:  # the hook's waiter sees the error, as with then()
+            out.set_exception(exc)  # type: ignore[arg-type]  # torch types the argument as T
+        else:
+            out.set_result(value)
+
+    fut.then(run)
+    return out
+
+
+def _in_use(*tensors: Tensor) -> None:
+    """Mark CUDA tensors made on another stream as used on the current one (a callback's stream),
+    so that the caching allocator does not hand their memory out before the queued kernels ran."""
+    for t in tensors:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
 
 
 def _powersgd(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.futures.Future[Tensor]:
@@ -429,14 +503,15 @@ def _powersgd(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.fu
     comp, group = state.compressor, state.process_group
     codec: Any = comp.codec
     buf.div_(state.world_size)
+    device = buf.device
     p_total = sum(e.shape[0] * _rank(codec, e) for e in layout.entries)
-    batch = torch.empty(p_total + layout.plain_numel)
+    batch = torch.empty(p_total + layout.plain_numel, device=device)
     mats, ps, qts = [], [], []
     at = 0
     for e in layout.entries:
         rows, r = e.shape[0], _rank(codec, e)
         cols = e.numel // rows
-        ws = comp.workspace(e.key)
+        ws = comp.workspace(e.key, device)
         x = _as_fp32(buf, e)
         if comp.error_feedback:
             err = ws.get("ef", e.numel, zero=True)
@@ -454,7 +529,8 @@ def _powersgd(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.fu
         batch[at : at + n].copy_(buf[off : off + n])
         at += n
     dist.all_reduce(batch, group=group, async_op=True).wait()  # round 1 (in this thread: ordered)
-    qt_all = torch.empty(sum(_rank(codec, e) * (e.numel // e.shape[0]) for e in layout.entries))
+    qt_numel = sum(_rank(codec, e) * (e.numel // e.shape[0]) for e in layout.entries)
+    qt_all = torch.empty(qt_numel, device=device)
     at = 0
     for e, p, m in zip(layout.entries, ps, mats, strict=True):
         r, cols = _rank(codec, e), e.numel // e.shape[0]
@@ -466,9 +542,10 @@ def _powersgd(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.fu
     work = dist.all_reduce(qt_all, group=group, async_op=True)  # round 2
 
     def finish(fut: Any) -> Tensor:
-        fut.value()
+        fut.wait()
+        _in_use(batch, qt_all)
         for e, p, m, qt in zip(layout.entries, ps, mats, qts, strict=True):
-            ws = comp.workspace(e.key)
+            ws = comp.workspace(e.key, device)
             if codec.warm_start:
                 ws.get("q", qt.numel()).view(qt.shape[1], qt.shape[0]).copy_(qt.t())
             approx = torch.mm(p, qt)
@@ -483,7 +560,7 @@ def _powersgd(state: CompressionState, buf: Tensor, layout: _Layout) -> torch.fu
             at += n
         return buf
 
-    return work.get_future().then(finish)
+    return _then(work.get_future(), finish, device)
 
 
 def _rank(codec: Any, e: _Entry) -> int:
