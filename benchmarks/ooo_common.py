@@ -19,7 +19,8 @@ DOC = ROOT / "docs" / "benchmarks" / "ooo.md"
 HEADER = """# Out-of-order backprop and pipeline schedules: measured vs predicted
 
 Each section is written by one script (`python benchmarks/ooo_*.py`), with its command, machine and
-date. All runs are CPU processes (gloo); there is no GPU on the machines these were taken on. Numbers
+date. All runs are CPU processes (gloo) on machines without a GPU, except the section "two CUDA
+streams", which ran on one H100. Numbers
 from a 2-core machine shared with other jobs are noisy: the load average at the start is recorded.
 """
 

@@ -10,7 +10,7 @@ EXPECTED = {
     "bench-sim", "calibrate", "compress-bench", "demo", "estimate", "ooo", "plan", "profile", "replay", "scaleout",
     "secopa", "validate", "whatif",
 }  # fmt: skip
-EXPECTED_VALIDATE = {"compress", "dp", "ooo-dp", "pipeline"}
+EXPECTED_VALIDATE = {"compress", "dp", "multistream", "ooo-dp", "pipeline"}
 EXPECTED_WHATIF_FLAGS = {
     "--amp", "--fused-optimizer", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
     "--plan", "--scheme", "--world", "--rate", "--json", "--timeline",

@@ -18,6 +18,7 @@ from trainsim.cli.main import LazyGroup
 VALIDATE_COMMANDS: dict[str, str] = {
     "compress": "trainsim.validate.compress:compress_command",
     "dp": "trainsim.validate.dp:dp_command",
+    "multistream": "trainsim.validate.multistream:multistream_command",
     "ooo-dp": "trainsim.validate.ooo:ooo_dp_command",
     "pipeline": "trainsim.validate.pipeline:pipeline_command",
 }

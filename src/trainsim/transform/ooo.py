@@ -271,99 +271,98 @@ def search_k(
 ScheduleMap = Sequence[tuple[str, int]]
 
 
+def check_schedule_map(schedule_map: ScheduleMap, n_layers: int) -> list[tuple[str, int]]:
+    """The map as a list, or a ``UserError`` naming the first bad entry."""
+    smap = [(str(w), int(j)) for w, j in schedule_map]
+    if len(smap) != n_layers:
+        raise UserError(f"schedule map has {len(smap)} entries; the model has {n_layers} layers")
+    for i, (when, j) in enumerate(smap):
+        if when not in ("BWD", "FWD") or not 0 <= j < n_layers:
+            raise UserError(
+                f"schedule map entry {i}: ({when!r}, {j}); expected ('BWD'|'FWD', 0..{n_layers - 1})"
+            )
+        if when == "FWD" and j > i:
+            raise UserError(f"schedule map entry {i}: ('FWD', {j}) defers W of layer {i} past its own forward")
+    return smap
+
+
 def multistream_graph(
     prof: LayerProfile, batch_size: int, schedule_map: ScheduleMap | None, *, steps: int = 4
 ) -> TaskGraph:
-    """One device; ``schedule_map`` None = plain single-stream backprop (B, W interleaved, then updates)."""
+    """One device; ``schedule_map`` None = plain single-stream backprop (B+W fused per layer, then the
+    updates). The task order is ``trainsim.run.multistream.TwoStreamTrainer``'s issue order: W(i) and
+    its update right after B of its trigger layer, deferred ones before F of their layer.
+
+    A profile from ``trainsim.run.multistream.profile_streams`` (rows with ``host_*`` fields) adds the
+    host: one CPU thread issues the phases in that order, and a phase's device work starts once the
+    host has begun issuing it and is not done before the host has finished issuing it (a zero-length
+    marker after both). A CPU profile (``trainsim.capture.layerprofile``) has no host part."""
     rows = prof.table(batch_size)
+    entry = prof.by_batch[batch_size]
     n = len(rows)
-    b = GraphBuilder("multistream" if schedule_map else "single-stream")
+    smap = check_schedule_map(schedule_map, n) if schedule_map is not None else None
+    split = smap is not None
+    with_host = "host_fwd_us" in rows[0]
+    b = GraphBuilder("multistream" if split else "single-stream")
     main = b.resource("dev:main", ResourceKind.GPU_STREAM)
-    sub = b.resource("dev:sub", ResourceKind.GPU_STREAM) if schedule_map else main
-    if schedule_map is not None:
-        if len(schedule_map) != n:
-            raise UserError(f"schedule map has {len(schedule_map)} entries; the model has {n} layers")
-        for i, (when, j) in enumerate(schedule_map):
-            if when not in ("BWD", "FWD") or not 0 <= j < n:
-                raise UserError(
-                    f"schedule map entry {i}: ({when!r}, {j}); expected ('BWD'|'FWD', 0..{n - 1})"
-                )
-            if when == "FWD" and j > i:
-                raise UserError(
-                    f"schedule map entry {i}: ('FWD', {j}) defers W of layer {i} past its own forward"
-                )
-    deferred: dict[int, list[int]] = {}  # forward layer j -> layers whose W (+update) is issued with F(j)
-    carried: dict[int, int] = {}  # layer -> its deferred update task (must end before F of that layer)
+    sub = b.resource("dev:sub", ResourceKind.GPU_STREAM) if split else main
+    host = b.resource("host", ResourceKind.CPU_THREAD) if with_host else -1
+    last_host: list[int] = []  # the host task issued last (the next phase starts after it)
+
+    def field(i: int, key: str, split_key: str) -> tuple[float, float]:
+        row = rows[i] if i >= 0 else entry
+        k = split_key if split and split_key in row else key
+        return float(row[k]), float(row.get("host_" + k, 0.0))
+
+    def phase(name: str, stream: int, dev_host: tuple[float, float], step: int, layer: int, deps: list[int]) -> int:
+        dev, host_us = dev_host
+        lname = rows[layer]["name"] if layer >= 0 else None
+        if not with_host:
+            return b.task(name, TaskKind.KERNEL, stream, dev, step=step, layer=lname, deps=deps)
+        issued_after = list(last_host)
+        issue = b.task(f"issue:{name}", TaskKind.CPU, host, host_us, step=step, layer=lname)
+        last_host[:] = [issue]
+        # the kernels may start once the host has begun issuing them ...
+        run = b.task(name, TaskKind.KERNEL, stream, dev, step=step, layer=lname, deps=deps + issued_after)
+        # ... and the phase is not done before its last launch: a zero-length marker after both
+        return b.task(f"done:{name}", TaskKind.KERNEL, stream, 0.0, step=step, layer=lname, deps=[run, issue])
 
     def weight_and_update(i: int, step: int, after: int) -> int:
-        w = b.task(
-            f"W:{rows[i]['name']}",
-            TaskKind.KERNEL,
-            sub,
-            rows[i]["bwd_weight_us"],
-            step=step,
-            layer=rows[i]["name"],
-            deps=[after],
-        )
-        return b.task(
-            f"update:{rows[i]['name']}",
-            TaskKind.KERNEL,
-            sub,
-            rows[i]["opt_us"],
-            step=step,
-            layer=rows[i]["name"],
-            deps=[w],
-        )
+        w = phase(f"W:{rows[i]['name']}", sub, field(i, "bwd_weight_us", "bwd_weight_us"), step, i, [after])
+        return phase(f"update:{rows[i]['name']}", sub, field(i, "opt_us", "opt_split_us"), step, i, [w])
 
-    pending_b: dict[int, int] = {}  # layer -> B task of the previous step (for deferred W)
+    carried: dict[int, int] = {}  # layer -> its last update (the layer's next F waits for it)
+    held: dict[int, int] = {}  # deferred layer -> its B task of the previous step
+    deferred: dict[int, list[int]] = {}  # forward layer j -> deferred layers issued before F(j)
+    by_trigger: dict[int, list[int]] = {}
+    for i, (when, j) in enumerate(smap or []):
+        if when == "BWD":
+            by_trigger.setdefault(min(i, j), []).append(i)
+        else:
+            deferred.setdefault(j, []).append(i)
     for step in range(steps):
-        for i, r in enumerate(rows):
-            for d in deferred.get(i, []):
-                if d in pending_b:
-                    carried[d] = weight_and_update(d, step, pending_b.pop(d))
+        other = float(entry.get("host_other_split_us" if split else "host_other_us", 0.0))
+        if with_host and other > 0:
+            last_host[:] = [b.task("issue:step", TaskKind.CPU, host, other, step=step, deps=last_host)]
+        for i in range(n):
+            for d in deferred.get(i, []) if step > 0 else []:
+                carried[d] = weight_and_update(d, step, held.pop(d))
             deps = [carried.pop(i)] if i in carried else []
-            b.task(
-                f"F:{r['name']}", TaskKind.KERNEL, main, r["fwd_us"], step=step, layer=r["name"], deps=deps
-            )
-        b.task("loss", TaskKind.KERNEL, main, prof.loss_us(batch_size), step=step)
-        bwd: dict[int, int] = {}
+            phase(f"F:{rows[i]['name']}", main, field(i, "fwd_us", "fwd_split_us"), step, i, deps)
+        loss = (float(entry["loss_us"]), float(entry.get("host_loss_us", 0.0)))
+        phase("loss", main, loss, step, -1, [])
         for i in range(n - 1, -1, -1):
-            if schedule_map is None:  # plain backprop: fused B+W
-                b.task(
-                    f"BW:{rows[i]['name']}",
-                    TaskKind.KERNEL,
-                    main,
-                    rows[i]["bwd_us"],
-                    step=step,
-                    layer=rows[i]["name"],
-                )
+            if not split:
+                phase(f"BW:{rows[i]['name']}", main, field(i, "bwd_us", "bwd_us"), step, i, [])
                 continue
-            bwd[i] = b.task(
-                f"B:{rows[i]['name']}",
-                TaskKind.KERNEL,
-                main,
-                rows[i]["bwd_input_us"],
-                step=step,
-                layer=rows[i]["name"],
-            )
-        if schedule_map is None:
+            bi = phase(f"B:{rows[i]['name']}", main, field(i, "bwd_input_us", "bwd_input_us"), step, i, [])
+            for k in by_trigger.get(i, []):
+                carried[k] = weight_and_update(k, step, bi)
+            if smap is not None and smap[i][0] == "FWD":
+                held[i] = bi
+        if not split:
             for i in range(n):
-                b.task(
-                    f"update:{rows[i]['name']}",
-                    TaskKind.KERNEL,
-                    main,
-                    rows[i]["opt_us"],
-                    step=step,
-                    layer=rows[i]["name"],
-                )
-            continue
-        deferred = {}
-        for i, (when, j) in enumerate(schedule_map):
-            if when == "BWD":
-                carried[i] = weight_and_update(i, step, bwd[min(i, j)])  # B runs last layer first
-            else:
-                pending_b[i] = bwd[i]
-                deferred.setdefault(j, []).append(i)
+                phase(f"update:{rows[i]['name']}", main, field(i, "opt_us", "opt_us"), step, i, [])
     return b.build()
 
 
