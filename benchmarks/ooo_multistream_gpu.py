@@ -60,13 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         "",
         head,
         "Per configuration: one step's host issue time and device time from the profile, one stream "
-        "(fused backward) / split; then per mode predicted / measured ms and the error. Speed-up: one "
+        "(fused backward) / split, and the co-run factor (how much slower kernels run beside the other "
+        "stream's, measured with two model copies); then per mode predicted / measured ms and the "
+        "error. Speed-up: one "
         "stream over two streams with the searched map. Measured figures are medians of 3 runs of 50 "
         "steps; `torch loop` is PyTorch's own `loss.backward()` + `SGD` loop, for reference.",
         "",
-        "| config | host ms one / split | device ms one / split | torch loop ms | one stream pred / meas (err) "
-        "| BWD i pred / meas (err) | searched pred / meas (err) | speed-up pred / meas |",
-        "|---|---|---|---|---|---|---|---|",
+        "| config | host ms one / split | device ms one / split | co-run factor | torch loop ms "
+        "| one stream pred / meas (err) | BWD i pred / meas (err) | searched pred / meas (err) "
+        "| speed-up pred / meas |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i, c in enumerate(out["cases"]):
         runs = out["runs"][3 * i : 3 * i + 3]
@@ -74,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         label = StreamCase(model=c["model"], batch=c["batch"], zoo=c["zoo"]).label
         lines.append(
             f"| {label} | {c['host_ms']:.2f} / {c['host_split_ms']:.2f} | {c['device_ms']:.2f} / "
-            f"{c['device_split_ms']:.2f} | {c['torch_loop_ms']:.2f} | " + " | ".join(cells)
+            f"{c['device_split_ms']:.2f} | {c['stream_corun_factor']:.2f} | {c['torch_loop_ms']:.2f} | "
+            + " | ".join(cells)
             + f" | {c['predicted_speedup']:.3f}x / {c['measured_speedup']:.3f}x |"
         )
     lines += [

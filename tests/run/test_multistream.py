@@ -154,6 +154,12 @@ def test_host_bound_and_device_bound_steps() -> None:
     assert two == pytest.approx((7 * 100 + 80) / 1e3, rel=0.02)
     _, best = search_schedule_map(prof, 4)
     assert best <= two
+    # kernels that share the GPU (co-run factor 2: each runs at half speed beside the other stream's)
+    # gain almost nothing from the second stream: the step is about all the device work, 940 µs
+    prof.by_batch[4]["stream_corun_factor"] = 2.0
+    shared = predict_multistream(prof, 4, [("BWD", i) for i in range(3)])
+    assert two < shared <= 0.94 * 1.01
+    assert predict_multistream(prof, 4, None) == pytest.approx(one)  # one stream: nothing co-runs
 
 
 def test_predictions_from_the_recorded_h100_profiles() -> None:

@@ -32,6 +32,7 @@ phases in the runner's order and two streams executing them.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -427,11 +428,13 @@ def profile_streams(
     with a ``host_`` twin. The batch entry has ``loss_us`` / ``host_loss_us`` and
     ``host_other_us`` / ``host_other_split_us``, the step's host time outside the phases.
 
-    Each repetition runs ``BURST`` probed steps back to back, then as many plain ones (no probes;
-    events only around each step), each burst behind a sleep kernel; the first step of a burst is not
-    kept. The plain steps give the step's host time, hence ``host_other``, and its device time; the
-    per-phase device times are scaled so that they add up to it (the probes' own events cost device
-    time too). On a CPU the device and host times are the same wall-clock time.
+    Each repetition runs bursts of ``BURST`` steps back to back, probed and plain (no probes), the
+    first step of a burst not kept. Device times come from bursts behind a sleep kernel (events on
+    the main stream; the host has issued everything before the device starts); host times from
+    free-running bursts, as in training (behind the sleep kernel an H100 machine's host issued the
+    same steps about 7 % slower). The plain steps give the step's host time, hence ``host_other``,
+    and its device time; the per-phase device times are scaled so that they add up to it (the probes'
+    own events cost device time too). On a CPU the device and host times are the same wall-clock time.
     """
     import platform
 
@@ -447,6 +450,7 @@ def profile_streams(
     spec = ZooSpec(batch_size=batch_size, **(zoo or {}))
     samples: dict[str, dict[tuple[str, int], list[tuple[float, float]]]] = {}
     whole: dict[str, tuple[float, float]] = {}  # mode -> (host µs, device µs) of a plain step
+    held_step: dict[str, float] = {}  # mode -> host µs of a plain step issued behind the sleep kernel
     n = 0
     for mode in ("fused", "split"):
         net, batches = build_with_batches(model, seed=0, spec=spec)
@@ -454,41 +458,55 @@ def profile_streams(
         n = len(list(net.children()))
         smap = None if mode == "fused" else [("BWD", i) for i in range(n)]
         tr = TwoStreamTrainer(net, smap, one_stream=True)
-        timer = _PhaseTimer(cuda)
+        timer = _PhaseTimer(cuda)  # device times, behind a sleep kernel
         ends = _PhaseTimer(cuda)
+        host_timer = _PhaseTimer(False)  # host times, free running as in training
+        got_host: dict[tuple[str, int], list[float]] = {}
+        got_dev: dict[tuple[str, int], list[float]] = {}
+        plain_host: list[float] = []
+        plain_dev: list[float] = []
+        held_host: list[float] = []  # for the record: the host time of a plain step behind the sleep
         data = [tuple(t.to(dev) for t in batches(s)) for s in range(4)]
-        got: dict[tuple[str, int], list[tuple[float, float]]] = {}
-        plain: list[tuple[float, float]] = []
         for rep in range(warmup + reps):
-            for probed in (True, False):
+            for held, probed in itertools.product((True, False) if cuda else (False,), (True, False)):
                 _sync(dev)
-                if cuda:  # hold the device back: the host never waits for it during these steps
+                if held:  # hold the device back: the host never waits for it during these steps
                     torch.cuda._sleep(400_000_000)
-                timer.reset()
+                probe = timer if held else host_timer
+                probe.reset()
                 ends.reset()
-                tr.timer = timer if probed else None
-                # back to back, as in training: a step issued right after a wait runs slower on the
-                # host (1.7x for the mlp on an H100 machine), so the first one is not kept
+                tr.timer = probe if probed else None
+                # back to back, as in training: a step issued right after a wait ran up to 1.7x slower
+                # on the host (the mlp on an H100 machine), so the first one is not kept
                 for k in range(BURST):
                     x, y = data[(rep * BURST + k) % len(data)]
-                    timer.step = k
-                    with ends("step", k):
+                    probe.step = k
+                    with (ends if held else host_timer)("step", k):
                         tr.step(x, y)
                 _sync(dev)
                 if rep < warmup:
                     continue
                 if probed:
-                    for phase, i, host, ev, k in timer.rows:
-                        if k > 0:
-                            dev_s = timer.device_s(ev) if cuda else host
-                            got.setdefault((phase, i), []).append((1e6 * host, 1e6 * dev_s))
+                    for phase, i, host, ev, k in probe.rows:
+                        if k > 0 and (phase, i) != ("step", k):
+                            at = got_dev if held else got_host
+                            at.setdefault((phase, i), []).append(1e6 * (probe.device_s(ev) if held else host))
                 else:
-                    for _, k, host, ev, _ in ends.rows:
+                    step_rows = ends.rows if held else host_timer.rows
+                    for _, k, host, ev, _ in step_rows:
                         if k > 0:
-                            plain.append((1e6 * host, 1e6 * (ends.device_s(ev) if cuda else host)))
+                            (plain_dev if held else plain_host).append(1e6 * (ends.device_s(ev) if held else host))
+                            if held:
+                                held_host.append(1e6 * host)
+        if not cuda:  # one pass: the CPU's device time is its host time
+            got_dev, plain_dev = got_host, plain_host
+        got = {key: list(zip(got_host[key], got_dev[key], strict=False)) for key in got_host}
+        plain = list(zip(plain_host, plain_dev, strict=False))
         tr.timer = None
         samples[mode] = got
         whole[mode] = (statistics.median(h for h, _ in plain), statistics.median(d for _, d in plain))
+        if held_host:
+            held_step[mode] = statistics.median(held_host)
         if progress is not None:
             progress(f"{model} batch {batch_size}: {mode} mode profiled")
     names = [nm for nm, _ in build_with_batches(model, seed=0, spec=spec)[0].named_children()]
@@ -517,10 +535,57 @@ def profile_streams(
         suffix = "" if mode == "fused" else "_split"
         entry["host_other" + suffix + "_us"] = round(max(0.0, host_step - host_sum), 2)
         entry["device_scale" + suffix] = round(scale, 4)
+        entry["host_step" + suffix + "_us"] = round(host_step, 2)
+        if mode in held_step:
+            entry["host_step_held" + suffix + "_us"] = round(held_step[mode], 2)
         if mode == "fused":
             entry["loss_us"], entry["host_loss_us"] = round(loss[1] * scale, 2), round(loss[0], 2)
+    if cuda:
+        entry["stream_corun_factor"] = round(corun_factor(model, spec, dev, reps=max(3, reps // 3)), 4)
+        if progress is not None:
+            progress(f"{model} batch {batch_size}: co-run factor {entry['stream_corun_factor']}")
     where = torch.cuda.get_device_name(dev) if cuda else f"{platform.machine()} CPU"
     return LayerProfile(model, torch.get_num_threads(), reps, where, {batch_size: entry})
+
+
+def corun_factor(model: str, spec: Any, device: Any, *, reps: int = 5, steps: int = 2) -> float:
+    """How much slower kernels run while another stream's run: two copies of the model each train
+    ``steps`` one-stream steps, on two streams at once, against one copy alone (device time, both
+    behind one sleep kernel so that the host has issued everything before the device starts). Each
+    copy runs ``f`` times slower while the other runs, so ``f`` = together / alone, between 1 (the
+    kernels leave enough of the GPU idle to overlap fully) and 2 (they share it, nothing gained)."""
+    import torch
+
+    from trainsim.models.zoo import build_with_batches
+
+    first = torch.cuda.current_stream(device)
+    copies = []
+    for stream in (first, torch.cuda.Stream(device)):
+        with torch.cuda.stream(stream):
+            net, batches = build_with_batches(model, seed=0, spec=spec)
+            tr = TwoStreamTrainer(net.to(device), None)
+            data = [tuple(t.to(device) for t in batches(k)) for k in range(steps)]
+        copies.append((stream, tr, data))
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for rep in range(reps + 1):
+        for together in (False, True):
+            torch.cuda.synchronize(device)
+            torch.cuda._sleep(400_000_000)
+            ev[0].record(first)
+            for stream, tr, data in copies if together else copies[:1]:
+                stream.wait_event(ev[0])
+                with torch.cuda.stream(stream):
+                    for x, y in data:
+                        tr.step(x, y)
+            ev[1].record(copies[1][0])
+            first.wait_event(ev[1])
+            ev[2].record(first)
+            torch.cuda.synchronize(device)
+            if rep > 0:
+                times[together].append(ev[0].elapsed_time(ev[2]))
+    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    return min(2.0, max(1.0, ratio))
 
 
 def measure_step_ms(

@@ -367,7 +367,25 @@ def multistream_graph(
 
 
 def predict_multistream(prof: LayerProfile, batch_size: int, schedule_map: ScheduleMap | None) -> float:
-    return steady_step_ms(multistream_graph(prof, batch_size, schedule_map))
+    """Predicted step (ms). With a ``stream_corun_factor`` f in the profile (``profile_streams`` on a
+    GPU), a kernel runs f times slower while the other stream's kernels run: concurrent kernels share
+    the SMs (``trainsim.simulate.contention.corun_extra_us``, iterated as the other replays there)."""
+    graph = multistream_graph(prof, batch_size, schedule_map)
+    factor = float(prof.by_batch[batch_size].get("stream_corun_factor", 1.0))
+    if schedule_map is None or factor <= 1.0:
+        return steady_step_ms(graph)
+    from trainsim.simulate.contention import corun_extra_us
+    from trainsim.simulate.engine import simulate
+
+    on_stream = np.array([r.kind == ResourceKind.GPU_STREAM for r in graph.resources], bool)[graph.resource]
+    victims = np.flatnonzero(on_stream & (graph.dur_us > 0))
+    res = simulate(graph)
+    for _ in range(4):
+        extra = corun_extra_us(res.start_us, res.end_us, graph.resource, victims, factor)
+        res = simulate(graph.with_columns(dur_us=graph.dur_us + extra))
+    steps = int(graph.step.max()) + 1
+    ends = np.array([res.end_us[graph.step == s].max() for s in range(steps)])
+    return float((ends[-1] - ends[0]) / (steps - 1) / 1e3)
 
 
 def search_schedule_map(prof: LayerProfile, batch_size: int) -> tuple[list[tuple[str, int]], float]:

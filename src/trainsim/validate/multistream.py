@@ -127,6 +127,7 @@ def run_multistream_validation(
             "host_ms": sums["fused"][0], "device_ms": sums["fused"][1],
             "host_split_ms": sums["split"][0], "device_split_ms": sums["split"][1],
             "torch_loop_ms": round(med["torch loop"], 3),
+            "stream_corun_factor": prof.by_batch[c.batch].get("stream_corun_factor", 1.0),
             "predicted_speedup": round(pred[MODES[0]] / pred[MODES[2]], 3),
             "measured_speedup": round(med[MODES[0]] / med[MODES[2]], 3),
             "profile": prof.to_json(),
