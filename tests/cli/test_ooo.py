@@ -95,8 +95,23 @@ def test_json_outputs(profile: Path, capsys: pytest.CaptureFixture[str]) -> None
             "does not divide the batch size 32",
         ),
         (["order", "--schedule", "Bogus"], "expected one of GPipe"),
+        (["profile", "mlp", "--device", "cpu", "--out", "{p}.new"], "--device goes with --streams"),
+        (["profile", "transformer", "--streams", "--out", "{p}.new"], "MultiheadAttention has no explicit"),
     ],
 )
 def test_bad_input(profile: Path, argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ooo", *[a.replace("{p}", str(profile)) for a in argv]]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_stream_profile_feeds_multistream(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "streams.json"
+    argv = ["ooo", "profile", "mlp", "--streams", "--device", "cpu", "--batch-sizes", "8,4", "--reps", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    prof = LayerProfile.load(out)
+    assert sorted(prof.by_batch) == [4, 8] and "host_bwd_weight_us" in prof.table(4)[0]
+    capsys.readouterr()
+    assert main(["ooo", "multistream", str(out), "--batch-size", "4", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["single_stream_ms"] > 0 and len(res["schedule_map"]) == 4

@@ -53,17 +53,43 @@ def ooo() -> None:
 )
 @click.option("--blocks", type=int, default=0, help="transformer blocks / mlp depth (0: zoo default)")
 @click.option("--reps", type=int, default=20, show_default=True)
+@click.option("--streams", is_flag=True,
+              help="profile the two-stream runner instead (host and device time per phase, co-run factor): "
+                   "the input of `ooo multistream` on a GPU")  # fmt: skip
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), help="with --streams; default cuda if present")
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
-def profile_cmd(model: str, batch_sizes: str, blocks: int, reps: int, out: str) -> None:
+def profile_cmd(
+    model: str, batch_sizes: str, blocks: int, reps: int, streams: bool, device: str | None, out: str
+) -> None:
     """Per-layer forward / backward-input / backward-weight / update times of a zoo model (one CPU thread)."""
-    from trainsim.capture.layerprofile import profile_layers
+    from trainsim.capture.layerprofile import LayerProfile, profile_layers
     from trainsim.models.zoo import MODELS
 
     if model not in MODELS:
         raise UserError(f"unknown model {model!r}; expected one of {', '.join(sorted(MODELS))}")
-    zoo = ({"blocks": blocks} if model == "transformer" else {"depth": blocks}) if blocks else None
-    prof = profile_layers(model, batch_sizes=_ints(batch_sizes, "--batch-sizes"), reps=reps, zoo=zoo)
-    click.echo(str(prof.save(out)))
+    zoo: dict[str, Any] | None = (
+        ({"blocks": blocks} if model == "transformer" else {"depth": blocks}) if blocks else None
+    )
+    sizes = _ints(batch_sizes, "--batch-sizes")
+    if device and not streams:
+        raise UserError("ooo profile: --device goes with --streams (the per-layer profile runs on the CPU)")
+    if not streams:
+        click.echo(str(profile_layers(model, batch_sizes=sizes, reps=reps, zoo=zoo).save(out)))
+        return
+    import torch
+
+    from trainsim.models.zoo import ZooSpec
+    from trainsim.run.multistream import check_splittable, profile_streams
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise UserError("ooo profile: --device cuda, but torch sees no CUDA device here")
+    check_splittable(model, ZooSpec(batch_size=sizes[0], **(zoo or {})))
+    profs = [profile_streams(model, bs, device=dev, reps=reps, zoo=zoo) for bs in sizes]
+    first = profs[0]
+    merged = LayerProfile(first.model, first.threads, first.reps, first.machine,
+                          {bs: p.by_batch[bs] for bs, p in zip(sizes, profs, strict=True)})  # fmt: skip
+    click.echo(str(merged.save(out)))
 
 
 @ooo.command("dp")
@@ -183,7 +209,11 @@ def order_cmd(schedule: str, stages_per_rank: int, ranks: int, microbatches: int
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def multistream_cmd(profile: str, batch_size: int, as_json: bool) -> None:
-    """Single device: weight gradients on a second stream with a searched schedule map (an upper bound)."""
+    """Single device: weight gradients on a second stream with a searched schedule map.
+
+    From a CPU profile (``ooo profile``) the two streams overlap freely: an upper bound. From a
+    ``ooo profile --streams`` profile taken on a GPU, the host's issue time and the measured co-run
+    factor of the two streams are in the model."""
     from trainsim.capture.layerprofile import LayerProfile
     from trainsim.transform.ooo import predict_multistream, search_schedule_map
 

@@ -121,6 +121,15 @@ def _leaves(layer: nn.Module, name: str) -> list[nn.Module]:
     return found
 
 
+def check_splittable(model: str, spec: Any) -> None:
+    """Refuse, before any timing, a zoo model that the two-stream runner cannot split (``UserError``)."""
+    from trainsim.models.zoo import build_with_batches
+
+    net, _ = build_with_batches(model, spec=spec)
+    for name, layer in net.named_children():
+        _leaves(layer, name)
+
+
 class _Capture:
     """One parameterised leaf module's input and output gradient in one step."""
 
