@@ -199,6 +199,10 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     rt = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, realtime=True)
     assert all(t > 0 for t in rt.measured_us) and rt.cpu_sizes_bytes == []
     assert not rt.notes or "real-time scheduling refused" in rt.notes[0]
+    # and each rank's threads kept on a core of their own
+    pinned = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, realtime=True, pin=True)
+    assert all(t > 0 for t in pinned.measured_us)
+    assert not any("pinning the ranks to cores refused" in n for n in pinned.notes)
 
 
 def test_p2p_line_and_duplex_factor() -> None:
