@@ -146,6 +146,8 @@ def test_bad_arguments() -> None:
         calibrate(reps=0)
     with pytest.raises(UserError):
         calibrate(budget_s=-1)
+    with pytest.raises(UserError, match="launches=0"):
+        calibrate(launches=0)
     with pytest.raises(UserError, match="allgather_sizes"):
         calibrate(allgather_sizes=[1024])
 
@@ -200,8 +202,9 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(t > 0 for t in rt.measured_us) and rt.cpu_sizes_bytes == []
     assert not rt.notes or "real-time scheduling refused" in rt.notes[0]
     # and each rank's threads kept on a core of their own
-    pinned = calibrate(world=2, sizes=[1024, 4096], reps=2, budget_s=0.05, realtime=True, pin=True)
-    assert all(t > 0 for t in pinned.measured_us)
+    pinned = calibrate(world=2, sizes=[4096, 1024, 1 << 20], reps=2, budget_s=0.05, realtime=True, pin=True,
+                       launches=3)  # fmt: skip
+    assert len(pinned.measured_us) == 3 and all(t > 0 for t in pinned.measured_us)
     assert not any("pinning the ranks to cores refused" in n for n in pinned.notes)
 
 

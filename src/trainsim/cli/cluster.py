@@ -38,11 +38,13 @@ def _parse_bytes(text: str) -> int:
               "removes the wake-up delays of several ranks sharing this machine's cores; skips the CPU pass")
 @click.option("--pin", is_flag=True, help="keep each rank's threads on a core of its own (rank modulo the cores), "
               "as separate machines would be: steadier sub-millisecond all-reduces where ranks share a host")
+@click.option("--launches", type=int, default=1, show_default=True,
+              help="measure the sizes up to 256 KiB in this many launches of new processes, keep the median")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the calibration JSON here")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def calibrate(
     world: int, rate: float | None, delay: float, min_bytes: str, max_bytes: str, reps: int, realtime: bool,
-    pin: bool, out: str | None, as_json: bool,
+    pin: bool, launches: int, out: str | None, as_json: bool,
 ) -> None:
     """Measure gloo all-reduce latency/bandwidth with torch.distributed and fit the model's constants."""
     from rich.console import Console
@@ -59,7 +61,7 @@ def calibrate(
         raise UserError(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}; expected 0 < min <= max")
     with Console(stderr=True).status("measuring all-reduce times ..."):
         cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps,
-                  realtime=realtime, pin=pin)
+                  realtime=realtime, pin=pin, launches=launches)
     data = cal.to_json()
     if out:
         Path(out).write_text(json.dumps(data, indent=1))
