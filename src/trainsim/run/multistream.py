@@ -143,7 +143,10 @@ class _Capture:
 
 
 class TwoStreamTrainer:
-    """Train an ``nn.Sequential`` with SGD (momentum) on one device, W on a second stream per the map."""
+    """Train an ``nn.Sequential`` with SGD (momentum) on one device, W on a second stream per the map.
+
+    With a schedule map the trainer owns the gradients: it turns ``requires_grad`` off on every
+    parameter of ``model`` and adds forward hooks to its parameterised modules."""
 
     def __init__(
         self,
