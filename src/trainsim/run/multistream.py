@@ -217,25 +217,20 @@ class TwoStreamTrainer:
         return self.timer(phase, i) if self.timer is not None else _NULL
 
     def _sgd(self, i: int, grads: list[torch.Tensor]) -> None:
+        """Layer ``i``'s SGD-with-momentum update, as ``torch.optim.SGD`` (no dampening) makes it."""
         import torch
 
         params = self.params[i]
         if not params:
             return
-        bufs = self.bufs[i]
         with torch.no_grad():
-            self._sgd_apply(i, params, bufs, grads)
-
-    def _sgd_apply(self, i: int, params: list[torch.Tensor], bufs: list[torch.Tensor] | None,
-                   grads: list[torch.Tensor]) -> None:
-        import torch
-
-        if bufs is None:  # torch.optim.SGD's first step: the buffer is the gradient itself
-            bufs = self.bufs[i] = [g.clone() for g in grads]
-        else:
-            torch._foreach_mul_(bufs, self.momentum)
-            torch._foreach_add_(bufs, grads)
-        torch._foreach_add_(params, bufs, alpha=-self.lr)
+            bufs = self.bufs[i]
+            if bufs is None:  # torch.optim.SGD's first step: the buffer is the gradient itself
+                bufs = self.bufs[i] = [g.clone() for g in grads]
+            else:
+                torch._foreach_mul_(bufs, self.momentum)
+                torch._foreach_add_(bufs, grads)
+            torch._foreach_add_(params, bufs, alpha=-self.lr)
 
     def _weight_and_update(self, i: int, caps: list[_Capture]) -> None:
         """W(i) and update(i); on the side stream after B of its trigger (recorded in ``b_ev``)."""

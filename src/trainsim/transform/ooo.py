@@ -224,8 +224,12 @@ def steady_step_ms(
     from trainsim.simulate.engine import simulate
 
     res = simulate(graph) if cpu_us is None else simulate_contended(graph, cpu_us, slowdown)
+    return _steady_ms(graph, res.end_us)
+
+
+def _steady_ms(graph: TaskGraph, end_us: np.ndarray) -> float:
     steps = int(graph.step.max()) + 1
-    ends = np.array([res.end_us[graph.step == s].max() for s in range(steps)])
+    ends = np.array([end_us[graph.step == s].max() for s in range(steps)])
     if steps == 1:
         return float(ends[0] / 1e3)
     return float((ends[-1] - ends[0]) / (steps - 1) / 1e3)
@@ -383,9 +387,7 @@ def predict_multistream(prof: LayerProfile, batch_size: int, schedule_map: Sched
     for _ in range(4):
         extra = corun_extra_us(res.start_us, res.end_us, graph.resource, victims, factor)
         res = simulate(graph.with_columns(dur_us=graph.dur_us + extra))
-    steps = int(graph.step.max()) + 1
-    ends = np.array([res.end_us[graph.step == s].max() for s in range(steps)])
-    return float((ends[-1] - ends[0]) / (steps - 1) / 1e3)
+    return _steady_ms(graph, res.end_us)
 
 
 def search_schedule_map(prof: LayerProfile, batch_size: int) -> tuple[list[tuple[str, int]], float]:
