@@ -41,6 +41,12 @@ from typing import TYPE_CHECKING, Any
 from trainsim.errors import UserError
 from trainsim.transform.ooo import ScheduleMap, check_schedule_map
 
+PHASE_FIELDS = {
+    "fused": (("fwd_us", "F"), ("bwd_us", "BW"), ("opt_us", "U")),
+    "split": (("fwd_split_us", "F"), ("bwd_input_us", "B"), ("bwd_weight_us", "W"), ("opt_split_us", "U")),
+}
+"""per mode of ``profile_streams``: each row field (device µs; ``host_`` + it, host µs) and its phase"""
+
 BURST = 3
 """steps run back to back per profiled repetition (the first is not kept)"""
 
@@ -522,14 +528,11 @@ def profile_streams(
         vals = samples[mode].get((phase, i))
         return float(statistics.median(v[which] for v in vals)) if vals else 0.0
 
-    fields = {"fused": (("fwd_us", "F"), ("bwd_us", "BW"), ("opt_us", "U")),
-              "split": (("fwd_split_us", "F"), ("bwd_input_us", "B"), ("bwd_weight_us", "W"),
-                        ("opt_split_us", "U"))}  # fmt: skip
     rows: list[dict[str, Any]] = [
         {"name": names[i], "pack_us": 0.0, "unpack_us": 0.0, "param_bytes": 0, "out_bytes": 0} for i in range(n)
     ]
     entry: dict[str, Any] = {"layers": rows}
-    for mode, keys in fields.items():
+    for mode, keys in PHASE_FIELDS.items():
         loss = (med(mode, "loss", -1, 0), med(mode, "loss", -1, 1))
         host_sum = loss[0] + sum(med(mode, ph, i, 0) for _, ph in keys for i in range(n))
         dev_sum = loss[1] + sum(med(mode, ph, i, 1) for _, ph in keys for i in range(n))

@@ -65,12 +65,14 @@ def check_case(case: StreamCase) -> None:
 
 
 def _sums(prof: Any, batch: int) -> dict[str, tuple[float, float]]:
+    """Per mode: one step's host and device time (ms) from the profile."""
+    from trainsim.run.multistream import PHASE_FIELDS
+
     rows, entry = prof.table(batch), prof.by_batch[batch]
     out = {}
-    for mode, keys, other in (
-        ("fused", ("fwd_us", "bwd_us", "opt_us"), "host_other_us"),
-        ("split", ("fwd_split_us", "bwd_input_us", "bwd_weight_us", "opt_split_us"), "host_other_split_us"),
-    ):
+    for mode, fields in PHASE_FIELDS.items():
+        keys = [k for k, _ in fields]
+        other = "host_other_us" if mode == "fused" else "host_other_split_us"
         host = sum(r["host_" + k] for r in rows for k in keys) + entry["host_loss_us"] + entry[other]
         dev = sum(r[k] for r in rows for k in keys) + entry["loss_us"]
         out[mode] = (round(host / 1e3, 3), round(dev / 1e3, 3))
