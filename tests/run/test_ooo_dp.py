@@ -26,6 +26,26 @@ def test_bad_config() -> None:
         DpRunConfig(k=-1)
     with pytest.raises(UserError, match="host_rounds=-1"):
         DpRunConfig(host_rounds=-1)
+    for bad in ({"alternate": (0, 0)}, {"alternate": (0, -1)}, {"alternate": (0, 2), "mode": "ddp"},
+                {"alternate": (0, 2), "host_rounds": 1}):  # fmt: skip
+        with pytest.raises(UserError, match="alternate"):
+            DpRunConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="has 4 layers"):  # every order is checked before any process
+        run_dp(DpRunConfig(model="mlp", world_size=1, alternate=(0, 5)))
+
+
+@pytest.mark.multiproc
+def test_orders_side_by_side_take_turns_on_their_own_copies() -> None:
+    from trainsim.run.ooo_dp import ALT_TURN
+
+    cfg = DpRunConfig(model="mlp", world_size=1, alternate=(0, 3), steps=5, warmup=1, batch_size=8)
+    spans = {int(k): v for k, v in run_dp(cfg)["ranks"][0]["alt"].items()}
+    assert sorted(spans) == [0, 3] and all(len(v) == 5 for v in spans.values())
+    assert all(0 < b - a < 5 for v in spans.values() for a, b in v)
+    # in turns: the first ALT_TURN - 1 counted steps of k = 0 end before any counted step of k = 3
+    first0 = spans[0][: ALT_TURN - 1]
+    assert max(b for _, b in first0) <= min(a for a, _ in spans[3])
+    assert spans[0][ALT_TURN - 1][0] >= spans[3][ALT_TURN - 2][1]  # then k = 0's second turn
 
 
 @pytest.mark.multiproc

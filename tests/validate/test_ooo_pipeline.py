@@ -85,15 +85,16 @@ def test_ooo_dp_validation_in_passes(capsys: pytest.CaptureFixture[str]) -> None
 
 
 @pytest.mark.multiproc
-def test_corun_steps_bracket_the_copies_with_runs_alone() -> None:
-    from trainsim.run.ooo_dp import DpRunConfig
-    from trainsim.validate.ooo import corun_steps
+def test_side_by_side_terms_read_every_order_with_one_co_run_factor() -> None:
+    from trainsim.capture.layerprofile import profile_layers
+    from trainsim.validate.ooo import OooCase, side_by_side_terms
 
-    cfg = DpRunConfig(mode="ooo", k=0, world_size=1, model="mlp", batch_size=8, steps=3, warmup=1)
-    alone, both = corun_steps(cfg)
-    assert len(alone) == 2 * cfg.steps  # one run alone before the copies, one after
-    assert [len(b) for b in both] == [cfg.steps, cfg.steps]
-    assert min(alone + both[0] + both[1]) > 0
+    case = OooCase(model="mlp", blocks=4, batch_size=8, rate_mbit=None)
+    prof = profile_layers("mlp", batch_sizes=(8,), reps=3, zoo=case.zoo())
+    terms = side_by_side_terms(case, prof, (0, 2, 2), steps=5, warmup=1)
+    assert sorted(terms) == [0, 2]
+    assert terms[0].factor == terms[2].factor >= 1.0
+    assert all(t.extra_us >= 0 for t in terms.values())
 
 
 @pytest.mark.multiproc
@@ -133,12 +134,15 @@ def test_host_reading_takes_alone_steps_and_the_overlap_of_the_together_ones() -
         host_reading([[{"host_speed": []}, {"host_speed": []}]])
 
 
-def test_every_order_gets_the_median_co_run_factor_and_keeps_its_own_work() -> None:
-    from trainsim.transform.ooo import HostTerms
-    from trainsim.validate.ooo import pooled_factor
+def test_co_run_steps_of_every_order_count_inside_every_copy_s_window() -> None:
+    from trainsim.validate.ooo import overlapping_alt
 
-    terms = {0: HostTerms(factor=1.32, extra_us=7.0), 3: HostTerms(factor=1.0, extra_us=14.0),
-             6: HostTerms(factor=1.1, extra_us=20.0)}  # fmt: skip
-    got = pooled_factor(terms)
-    assert {k: t.factor for k, t in got.items()} == {0: 1.1, 3: 1.1, 6: 1.1}
-    assert {k: t.extra_us for k, t in got.items()} == {0: 7.0, 3: 14.0, 6: 20.0}
+    # copy 0 runs its orders from t = 0.0 to 1.0 s, copy 1 from 0.3 to 1.3 s: only 0.3-1.0 s counts
+    c0 = {0: [(0.1 * i, 0.1 * i + 0.05) for i in range(0, 10, 2)], 3: [(0.1 * i, 0.1 * i + 0.1) for i in range(1, 10, 2)]}
+    c1 = {k: [(a + 0.3, b + 0.3) for a, b in v] for k, v in c0.items()}
+    got = overlapping_alt([c0, c1], min_steps=2)
+    assert got[0][0] == pytest.approx([50.0, 50.0, 50.0])  # starts 0.4, 0.6, 0.8
+    assert got[3][0] == pytest.approx([100.0] * 4)  # starts 0.3, 0.5, 0.7, 0.9 (ends at 1.0: inside)
+    assert len(got[0][1]) == 4 and len(got[3][1]) == 3  # copy 1: its steps that end by 1.0 s
+    # too few steps of an order inside the window: all of that copy's steps of it
+    assert len(overlapping_alt([c0, c1], min_steps=4)[0][0]) == 5

@@ -93,7 +93,7 @@ class DpRunConfig:
     """``load`` mode: all-reduces per size (every rank runs the same count)"""
     start_at: float = 0.0
     """epoch seconds: every rank starts its loop no earlier (copies of a one-rank run launched together
-    then run their loops together: ``validate.ooo.corun_steps``)"""
+    then run their loops together: ``validate.ooo.side_by_side_terms``)"""
     trace: bool = False
     """record each step's events (ms from the step's start): forward/backward/weight phase ends, time
     spent waiting for all-reduces, each all-reduce's issue and completion (``OooDataParallel.events``)"""
@@ -101,6 +101,11 @@ class DpRunConfig:
     """modes ``ooo`` and ``ddp``: readings of the host's speed during the run
     (``run.ranks.host_speed_round`` on a copy of the model), each before a segment of the measured
     steps (``run.ranks.segments``); 0: none"""
+    alternate: tuple[int, ...] = ()
+    """mode ``ooo``: run these orders (values of k) side by side instead of ``k``, each on its own copy
+    of the model, in turns of ``ALT_TURN`` steps on the same batches (``alternate_orders``); ``steps``
+    counted steps per order. The rank's result then holds ``alt``: per order, its counted steps'
+    (start, end) times"""
 
     def __post_init__(self) -> None:
         from trainsim.models.zoo import MODELS
@@ -122,6 +127,10 @@ class DpRunConfig:
                             "of positive integers of the same length")  # fmt: skip
         if self.mode == "load" and not self.probe_sizes:
             raise UserError("mode 'load' needs probe_sizes")
+        if self.alternate and (self.mode != "ooo" or self.host_rounds or self.trace or len(set(self.alternate))
+                               != len(self.alternate) or min(self.alternate) < 0):
+            raise UserError(f"alternate={self.alternate} with mode {self.mode!r}, host_rounds={self.host_rounds}, "
+                            f"trace={self.trace}; expected distinct k >= 0, mode 'ooo', no host rounds, no trace")
 
     def zoo_spec(self) -> Any:
         return zoo_spec(self.model, self.batch_size, self.zoo_blocks)
@@ -298,6 +307,12 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         dist.barrier()
         dist.destroy_process_group()
         return
+    if cfg.alternate:
+        res = alternate_orders(model, batches, loss_fn, make_opt, cfg, rank)
+        out.write_text(json.dumps({"rank": rank, **res}))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     step_fn: Callable[[torch.Tensor, torch.Tensor], float]
     trace: list[Any] = []
     if cfg.mode == "ooo":
@@ -364,6 +379,44 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         result["params"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]
     out.write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+ALT_TURN = 4
+"""steps per turn of one order in ``alternate_orders``; the first after a switch is not counted (the
+other order's copy of the model has just run)"""
+
+
+def alternate_orders(
+    model: Any, batches: Any, loss_fn: Any, make_opt: Any, cfg: DpRunConfig, rank: int
+) -> dict[str, Any]:
+    """The orders ``cfg.alternate`` side by side in this process: each on its own copy of ``model``
+    (``OooDataParallel``), in turns of ``ALT_TURN`` steps, every order on the same batches, until each
+    has ``cfg.steps`` counted steps. Side by side, a drift of the host's speed reaches every order
+    alike, so their difference (the runtime's own work as a function of k) is read in one window, not
+    in runs a minute apart (two such runs of k = 0 and k = 1 on the transformer, the same minute,
+    differed by 14 ms per step, ten times what the orders differ by). ``{"alt": {k: [(start, end)]}}``."""
+    import copy
+
+    runners = {k: OooDataParallel(copy.deepcopy(model), k, make_opt) for k in cfg.alternate}
+    for r in runners.values():
+        for s in range(cfg.warmup):
+            x, y = batches(s * cfg.world_size + rank)
+            r.step(x, y, loss_fn)
+    time.sleep(max(0.0, cfg.start_at - time.time()))
+    spans: dict[int, list[tuple[float, float]]] = {k: [] for k in runners}
+    turn = 0
+    while min(len(v) for v in spans.values()) < cfg.steps:
+        for k, r in runners.items():
+            for j in range(ALT_TURN):
+                t0 = time.perf_counter()
+                x, y = batches((cfg.warmup + turn * ALT_TURN + j) * cfg.world_size + rank)
+                r.step(x, y, loss_fn)
+                if j:
+                    spans[k].append((t0, time.perf_counter()))
+        turn += 1
+    for r in runners.values():
+        r.flush()
+    return {"alt": {str(k): v[: cfg.steps] for k, v in spans.items()}}
 
 
 def load_probe(model: Any, batches: Any, loss_fn: Any, cfg: DpRunConfig, rank: int) -> dict[str, Any]:
@@ -437,11 +490,14 @@ def run_dp(
 
     if cfg.mode == "ooo":
         n = len(list(build(cfg.model, spec=cfg.zoo_spec())[0].children()))
-        check_k(cfg.k, n, cfg.model)
+        for k in cfg.alternate or (cfg.k,):
+            check_k(k, n, cfg.model)
     ranks = run_workers("trainsim.run.ooo_dp", cfg, cfg.world_size, popen=popen, master=master, port=port,
                         timeout_s=3 * cfg.timeout_s)  # fmt: skip
     if cfg.mode == "load":
         return {"config": asdict(cfg), **{k: v for k, v in ranks[0].items() if k != "rank"}}
+    if cfg.alternate:
+        return {"config": asdict(cfg), "ranks": ranks}
     per_step = slowest_rank_steps(ranks, cfg.steps)
     return {
         "config": asdict(cfg),

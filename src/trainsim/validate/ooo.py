@@ -111,67 +111,72 @@ def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]
     }
 
 
-CORUN_START_S = 6.0
-"""the copies of ``corun_steps`` start their loops this long after launch (all have set up by then)"""
+CORUN_START_S = 8.0
+"""the copies in ``side_by_side_terms`` start their loops this long after launch (all have set up and
+warmed up every order by then)"""
 
 
-def corun_steps(cfg: Any, copies: int = 2) -> tuple[list[float], list[list[float]]]:
-    """Step times (ms) of the one-rank run ``cfg`` (a ``DpRunConfig`` with ``world_size=1``: no
-    communication) alone, and of ``copies`` of it at once, as ranks sharing this host run. The runs
-    alone come before and after the copies (both returned, in that order): a host that drifts, or a
-    burst of load during one run, then moves both sides of the ratio the caller takes, not one (a
-    single pair once gave a co-run factor of 1.57 where the microbatch sizes beside it gave 1.00).
-    The copies start their loops at one moment (``start_at``), and only the steps that ran while every
-    copy ran count (``validate.dp.overlapping_steps``): a copy that starts a second late runs its
-    last steps alone, faster. (The factors still read 1.00-1.05 on the 2026-11-24 VM, where
-    ``validate dp``'s co-run loop of the whole model reads 1.09-1.20.)"""
+def alt_steps(res: dict[str, Any]) -> dict[int, list[tuple[float, float]]]:
+    """Per order, the (start, end) of its counted steps in a ``DpRunConfig.alternate`` run."""
+    return {int(k): [(float(a), float(b)) for a, b in v] for k, v in res["ranks"][0]["alt"].items()}
+
+
+def overlapping_alt(copies: list[dict[int, list[tuple[float, float]]]], min_steps: int = 5) -> dict[int, list[list[float]]]:
+    """Per order, per copy, the step times (ms) of the steps that ran while every copy ran its loop
+    (as ``validate.dp.overlapping_steps``: the copies come up a second apart); a copy with fewer than
+    ``min_steps`` of an order's steps inside that window keeps all of them."""
+    lo = max(min(a for v in c.values() for a, _ in v) for c in copies)
+    hi = min(max(b for v in c.values() for _, b in v) for c in copies)
+    out: dict[int, list[list[float]]] = {}
+    for k in copies[0]:
+        out[k] = []
+        for c in copies:
+            every = [(b - a) * 1e3 for a, b in c[k]]
+            inside = [(b - a) * 1e3 for a, b in c[k] if a >= lo and b <= hi]
+            out[k].append(inside if len(inside) >= min_steps else every)
+    return out
+
+
+def side_by_side_terms(
+    case: OooCase, prof: Any, ks: tuple[int, ...], steps: int, warmup: int, copies: int = 2
+) -> dict[int, HostTerms]:
+    """``HostTerms`` of each order in ``ks`` on this host, from the real runtime in one-rank groups (no
+    communication), the orders side by side in each process (``run.ooo_dp.alternate_orders``): one
+    process alone, ``copies`` at once (as the ranks share this host; their loops start together,
+    ``start_at``, and only the steps that ran while every copy ran count), one alone again. The
+    co-run factor is together / alone, the median over the orders (the host's and the model's, not
+    the order's); each order's ``extra_us`` is what the runtime alone spends beyond the per-layer
+    profile's prediction of the same loop (``predict_dp`` without communication), at co-run speed,
+    plus the expected wait for the slowest rank (``validate.dp.straggler_ms``) from the co-run
+    copies. Read one order at a time, runs a minute apart, two orders' terms differed by more than
+    the orders do (see ``alternate_orders``)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from trainsim.run.ooo_dp import run_dp
-    from trainsim.validate.dp import overlapping_steps
+    from trainsim.run.ooo_dp import DpRunConfig, run_dp
+    from trainsim.transform.ooo import HostTerms, predict_dp
+    from trainsim.validate.dp import straggler_ms
 
-    def alone() -> list[float]:
-        return list(run_dp(cfg, port=random.randint(20000, 60000))["ranks"][0]["step_ms"])
+    cfg = DpRunConfig(mode="ooo", world_size=1, alternate=tuple(sorted(set(ks))), model=case.model,
+                      batch_size=case.batch_size, steps=steps, warmup=warmup, **_zoo_fields(case))  # fmt: skip
+
+    def alone() -> dict[int, list[tuple[float, float]]]:
+        return alt_steps(run_dp(cfg, port=random.randint(20000, 60000)))
 
     before = alone()
     together = replace(cfg, start_at=time.time() + CORUN_START_S)
     with ThreadPoolExecutor(copies) as pool:
         futures = [pool.submit(run_dp, together, port=random.randint(20000, 60000)) for _ in range(copies)]
-        both = overlapping_steps([f.result()["ranks"][0]["marks"] for f in futures])
-    return before + alone(), both
-
-
-def host_terms(case: OooCase, prof: Any, k: int, steps: int, warmup: int) -> HostTerms:
-    """``HostTerms`` of reverse-first-``k`` on this host, from the real runtime in one-rank groups (no
-    communication): run alone, then two copies at once (as the 2 ranks share this host). The factor is
-    co-run / alone; ``extra_us`` is what the runtime alone spends beyond the per-layer profile's
-    prediction of the same loop (``predict_dp`` without communication), at co-run speed, plus the
-    expected wait for the slowest rank (``validate.dp.straggler_ms``) from the co-run copies."""
-    import statistics
-
-    from trainsim.run.ooo_dp import DpRunConfig
-    from trainsim.transform.ooo import HostTerms, predict_dp
-    from trainsim.validate.dp import straggler_ms
-
-    cfg = DpRunConfig(mode="ooo", k=k, world_size=1, model=case.model, batch_size=case.batch_size, steps=steps,
-                      warmup=warmup, **_zoo_fields(case))  # fmt: skip
-    alone, both = corun_steps(cfg)
-    alone_ms = statistics.median(alone)
-    corun_ms = statistics.median(both[0] + both[1])
-    factor = max(1.0, corun_ms / alone_ms)
-    model_ms = predict_dp(prof, case.batch_size, k, lambda size: 0.0)
-    extra_ms = max(0.0, alone_ms - model_ms) * factor + straggler_ms(both)
-    return HostTerms(factor=factor, extra_us=1e3 * extra_ms)
-
-
-def pooled_factor(terms: dict[int, HostTerms]) -> dict[int, HostTerms]:
-    """Every k's host terms with one co-run factor, the median of their readings (each ``host_terms``
-    reads it once). The factor is the host's and the model's, not the order's; a single reading moves
-    by a few percent (on the cnn, 1.32 at k = 0 and 1.00 at k = 3 in one run), and an order predicted
-    with a low reading looks faster than it runs. The per-k ``extra_us`` (the runtime's own work)
-    stays."""
-    factor = statistics.median(t.factor for t in terms.values())
-    return {k: replace(t, factor=factor) for k, t in terms.items()}
+        both = overlapping_alt([alt_steps(f.result()) for f in futures])
+    after = alone()
+    alone_ms = {k: statistics.median([(b - a) * 1e3 for a, b in before[k] + after[k]]) for k in before}
+    factors = [max(1.0, statistics.median([x for c in both[k] for x in c]) / alone_ms[k]) for k in before]
+    factor = statistics.median(factors)
+    terms = {}
+    for k in before:
+        model_ms = predict_dp(prof, case.batch_size, k, lambda size: 0.0)
+        extra_ms = max(0.0, alone_ms[k] - model_ms) * factor + straggler_ms(both[k])
+        terms[k] = HostTerms(factor=factor, extra_us=1e3 * extra_ms)
+    return terms
 
 
 HOST_ROUNDS = 2
@@ -260,19 +265,18 @@ def run_ooo_validation(
                 f"{s / 1e3:.0f} KB {t / 1e3:.1f}/{i / 1e3:.1f} ms (training lost {c / 1e3:.1f} ms)"
                 for s, t, i, c in zip(probe["sizes"], probe["allreduce_us"], probe["idle_model_us"], probe["lost_us"],
                                       strict=True)))  # fmt: skip
-            log("timing the runtime in one-rank groups (alone, then two at once)")
-            read = {0: host_terms(case, prof, 0, steps, warmup)}  # each k's own reading
-            if case.k is None:  # the search: host terms measured at k = 0 and k = n, linear between
-                n = len(rows)
-                read[n] = host_terms(case, prof, n, steps, warmup)
-                lo_hi = pooled_factor(read)
+            n = len(rows)
+            terms: dict[int, HostTerms] = {}
+            if case.k is None:  # the search: host terms at k = 0 and k = n side by side, linear between
+                log(f"timing the runtime in one-rank groups, k = 0 and {n} side by side (alone, then two at once)")
+                terms = side_by_side_terms(case, prof, (0, n), steps, warmup)
                 k, _ = search_k(prof, case.batch_size, cal.predict_us, cpu_us, slowdown,
-                                host=interpolated_terms(lo_hi[0], lo_hi[n], n))  # fmt: skip
+                                host=interpolated_terms(terms[0], terms[n], n))  # fmt: skip
             else:
                 k = case.k
-            if k not in read:
-                read[k] = host_terms(case, prof, k, steps, warmup)
-            terms = pooled_factor(read)  # the median of every reading, not of readings already pooled
+            if k not in terms:  # the chosen order beside the DDP order
+                log(f"timing the runtime in one-rank groups, k = 0 and {k} side by side (alone, then two at once)")
+                terms = side_by_side_terms(case, prof, (0, k), steps, warmup)
             base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup, host_rounds=HOST_ROUNDS)
             orders = (("ddp-order", 0), ("reverse-first-k", k))
             link = (cal.predict_us, cpu_us, slowdown)
@@ -288,7 +292,7 @@ def run_ooo_validation(
             # the co-run factor together / alone. It is reported beside the first, not used: in three
             # runs on 2026-11-24 (05:44-06:23 UTC) the terms read before the runs gave 5.7, 6.0 and
             # 7.7 % mean |error|, the in-run reading 7.7, 8.1 and 6.2 %; it did better only where the
-            # host slowed during the passes. ``host_terms``'s ``extra_us`` (the wrapper alone against
+            # host slowed during the passes. ``side_by_side_terms``'s ``extra_us`` (the wrapper alone against
             # the profile's prediction, a minute before the runs) already takes in the host's drift
             # since profiling, so scaling the profile as well counts that drift twice.
             got: dict[str, list[dict[str, Any]]] = {"ddp-order": [], "reverse-first-k": [], "ddp": []}
