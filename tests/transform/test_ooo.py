@@ -115,3 +115,17 @@ def test_host_terms_stretch_compute_and_add_per_step_work() -> None:
         assert predict_dp(prof, 32, k, net, host=host) == pytest.approx(1.5 * compute_ms + 2.0, rel=1e-6)
     with pytest.raises(ValueError, match="HostTerms"):
         HostTerms(factor=0.0)
+
+
+def test_the_runtime_s_extra_work_delays_the_last_all_reduce() -> None:
+    """The extra work is spread over the step's CPU tasks, so the all-reduce issued last (and the step)
+    ends later by about all of it, even where that all-reduce outlasts it (one task after the last
+    issue would hide behind the transfer)."""
+    prof = _profile()
+    net = AllReduceCost(bw_gbps=8.0, latency_us=0.0)  # 1 ms per layer: the input layer's all-reduce is the tail
+    plain = predict_dp(prof, 32, 0, net)
+    assert plain == pytest.approx((5 * 3000.0 + 100.0 + 1000.0 + 5 * 50.0) / 1e3, rel=1e-6)
+    slower = predict_dp(prof, 32, 0, net, host=HostTerms(factor=1.0, extra_us=500.0))
+    # the tasks before the last issue and the updates after its end: all of the 0.5 ms (as one task
+    # queued after the last issue it would have ended with that 1 ms all-reduce: +0)
+    assert slower - plain == pytest.approx(0.5, rel=1e-6)

@@ -75,9 +75,10 @@ def test_ooo_dp_validation_in_passes(capsys: pytest.CaptureFixture[str]) -> None
     assert [r["config"]["mode"] for r in out["runs"]] == ["ddp-order", "reverse-first-k"]
     for r in out["runs"]:
         assert len(r["passes_ms"]) == 2 and r["measured_ms"] == pytest.approx(sum(r["passes_ms"]) / 2, abs=1e-3)
-        # beside the prediction, one per pass from the host's speed read during that pass's runs
-        assert len(r["passes_in_run_reading_ms"]) == len(r["passes_host_reading"]) == 2
-        assert r["predicted_in_run_reading_ms"] == pytest.approx(sum(r["passes_in_run_reading_ms"]) / 2, abs=1e-3)
+        # the prediction: per pass from the host's speed read during its runs; the one from before beside it
+        assert len(r["passes_predicted_ms"]) == len(r["passes_host_reading"]) == 2
+        assert r["predicted_ms"] == pytest.approx(sum(r["passes_predicted_ms"]) / 2, abs=1e-3)
+        assert r["predicted_before_runs_ms"] > 0
         assert all(h["host_speed"] > 0 and h["corun_factor"] >= 1.0 for h in r["passes_host_reading"])
         assert r["predicted_ms"] > 0
     (s,) = out["speedups"]

@@ -281,20 +281,20 @@ def run_ooo_validation(
             orders = (("ddp-order", 0), ("reverse-first-k", k))
             link = (cal.predict_us, cpu_us, slowdown)
 
-            # the prediction: the host terms read before the runs (the same that chose k)
+            # the host terms read before the runs chose k; the prediction from them alone is reported
             preds = {label: _predict(prof, case.batch_size, kk, link, terms[kk]) for label, kk in orders}
             # both orders and torch DDP once per pass, the passes one after the other: a burst of load
             # on the shared host disturbs one pass, and the medians over the passes drop it; the
             # speed-up is the median of each pass's side-by-side ratio. Each run also reads the host's
             # speed between its segments of measured steps (as ``validate dp`` and ``validate pipeline``
-            # do), and a second prediction per pass comes from the readings of its three runs, pooled:
+            # do), and the prediction of each pass comes from the readings of its three runs, pooled:
             # the profile scaled by the plain loop alone now over the same loop timed after profiling,
-            # the co-run factor together / alone. It is reported beside the first, not used: in three
-            # runs on 2026-11-24 (05:44-06:23 UTC) the terms read before the runs gave 5.7, 6.0 and
-            # 7.7 % mean |error|, the in-run reading 7.7, 8.1 and 6.2 %; it did better only where the
-            # host slowed during the passes. ``side_by_side_terms``'s ``extra_us`` (the wrapper alone against
-            # the profile's prediction, a minute before the runs) already takes in the host's drift
-            # since profiling, so scaling the profile as well counts that drift twice.
+            # the co-run factor together / alone, the runtime's extra work per order as read before.
+            # Until 2026-11-24 22:50 the terms read before the runs were the prediction and this one
+            # was reported beside it (it did better only where the host slowed during the passes), while
+            # the extra work sat in one task after the last all-reduce's issue, where the transfers
+            # still in flight hid it; spread over the step (``transform.ooo.dp_graph``), the readings
+            # in the runs gave 2.1 % / 7.4 % against 6.2 % / 10.2 % from the terms read before (22:45).
             got: dict[str, list[dict[str, Any]]] = {"ddp-order": [], "reverse-first-k": [], "ddp": []}
             per_pass: dict[str, list[float]] = {"ddp-order": [], "reverse-first-k": []}
             readings: list[dict[str, float]] = []
@@ -305,7 +305,7 @@ def run_ooo_validation(
                         log(f"running torch DDP{tag} (reference, not predicted)")
                         run_cfg = DpRunConfig(mode="ddp", **_zoo_fields(case), **base)  # type: ignore[arg-type]
                     else:
-                        log(f"running {case.model} k={kk} ({label}){tag}, predicted {preds[label]:.1f} ms")
+                        log(f"running {case.model} k={kk} ({label}){tag}, predicted before the runs {preds[label]:.1f} ms")
                         run_cfg = DpRunConfig(mode="ooo", k=kk, **_zoo_fields(case), **base)  # type: ignore[arg-type]
                     res = run_dp(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
                     got[label].append(res)
@@ -332,11 +332,11 @@ def run_ooo_validation(
                 runs.append(
                     _row(
                         cfg,
-                        preds[label],
+                        statistics.median(per_pass[label]),
                         measured[label],
                         {
-                            "predicted_in_run_reading_ms": round(statistics.median(per_pass[label]), 3),
-                            "passes_in_run_reading_ms": [round(v, 3) for v in per_pass[label]],
+                            "predicted_before_runs_ms": round(preds[label], 3),
+                            "passes_predicted_ms": [round(v, 3) for v in per_pass[label]],
                             "passes_host_reading": readings,
                             "host_factor": round(terms[kk].factor, 3),
                             "host_extra_ms": round(terms[kk].extra_us / 1e3, 3),
@@ -357,7 +357,9 @@ def run_ooo_validation(
                     "rate_mbit": case.rate_mbit,
                     "delay_ms": case.delay_ms,
                     "k": k,
-                    "predicted_speedup": round(preds["ddp-order"] / preds["reverse-first-k"], 3),
+                    "predicted_speedup": round(statistics.median(
+                        a / b for a, b in zip(per_pass["ddp-order"], per_pass["reverse-first-k"], strict=True)), 3),
+                    "predicted_speedup_before_runs": round(preds["ddp-order"] / preds["reverse-first-k"], 3),
                     "measured_speedup": round(statistics.median(ratios), 3),
                     "measured_speedup_vs_torch_ddp": round(statistics.median(vs_ddp), 3),
                     "torch_ddp_ms": round(measured["ddp"], 3),
