@@ -20,7 +20,6 @@ Writes the ``ooo_pipeline_compute`` section of docs/benchmarks/ooo.md.
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 import time
@@ -59,6 +58,7 @@ def _profile_ms(prof: Any, spec: Any, layers: list[list[int]], micro: int, rank:
 
 def real_runs(prof: Any, case: Any, log: Any) -> list[str]:
     from trainsim.run.pipeline import PipeRunConfig, run_pipeline
+    from trainsim.run.ranks import free_port
     from trainsim.transform.pipeline import PipeSpec
     from trainsim.validate.ooo import emulated_link
     from trainsim.validate.pipeline import HOST_ROUNDS, alone_loop_ms, host_reading
@@ -78,7 +78,7 @@ def real_runs(prof: Any, case: Any, log: Any) -> list[str]:
                 cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
                                     batch_size=case.batch_size, split=tuple(len(s) for s in layers),
                                     blocks=case.blocks, steps=8, warmup=2, host_rounds=HOST_ROUNDS)  # fmt: skip
-                res = run_pipeline(cfg, popen=popen, master=master, port=random.randint(20000, 60000))
+                res = run_pipeline(cfg, popen=popen, master=master, port=free_port())
                 alone, together = host_reading([res["ranks"]])
                 scale = alone / ref[mb] * max(1.0, together / alone)
                 for r in res["ranks"]:

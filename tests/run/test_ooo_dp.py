@@ -117,3 +117,19 @@ def test_load_probe_times_all_reduces_while_training() -> None:
     assert len(res["allreduce_us"]) == 2 and all(t > 0 for t in res["allreduce_us"])
     assert len(res["lost_us"]) == 2 and all(t >= 0 for t in res["lost_us"])
     assert res["alone_ms"] > 0 and res["train_steps"] >= 1
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
+    """Ports for a run's rendezvous come from below the kernel's range for outgoing connections, so
+    that no gloo connection of another run takes one before rank 0 binds it."""
+    import socket
+    from pathlib import Path
+
+    from trainsim.run.ranks import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port()
+        assert (20000 <= port < low) if low > 20064 else port > 0
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

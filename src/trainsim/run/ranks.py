@@ -45,7 +45,25 @@ def local_popen(rank: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Pop
 
 
 def free_port() -> int:
-    """A TCP port that is free on loopback right now."""
+    """A TCP port that is free on loopback right now, drawn at random below the kernel's ephemeral range
+    (``ip_local_port_range``), where no outgoing connection (gloo's pairs, another run's) can take it
+    before rank 0 binds it. A port drawn from 20000-60000 did collide on this VM, ending a 10-minute
+    benchmark with ``EADDRINUSE``; so can the kernel's own pick (bind to 0), which lies in that range.
+    The kernel's pick where the range leaves no room below it."""
+    import random
+
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for _ in range(64 if low > 20000 + 64 else 0):
+        port = random.randint(20000, low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

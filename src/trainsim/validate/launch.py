@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,13 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from trainsim.run.ranks import free_port
 from trainsim.validate.netns import Netns
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rank_env(rank: int, world: int, master: str, port: int, ifname: str, threads: int = 1) -> dict[str, str]:

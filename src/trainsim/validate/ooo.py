@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from trainsim.errors import UserError
+from trainsim.run.ranks import free_port
 
 if TYPE_CHECKING:
     from trainsim.transform.ooo import HostTerms
@@ -160,12 +160,12 @@ def side_by_side_terms(
                       batch_size=case.batch_size, steps=steps, warmup=warmup, **_zoo_fields(case))  # fmt: skip
 
     def alone() -> dict[int, list[tuple[float, float]]]:
-        return alt_steps(run_dp(cfg, port=random.randint(20000, 60000)))
+        return alt_steps(run_dp(cfg, port=free_port()))
 
     before = alone()
     together = replace(cfg, start_at=time.time() + CORUN_START_S)
     with ThreadPoolExecutor(copies) as pool:
-        futures = [pool.submit(run_dp, together, port=random.randint(20000, 60000)) for _ in range(copies)]
+        futures = [pool.submit(run_dp, together, port=free_port()) for _ in range(copies)]
         both = overlapping_alt([alt_steps(f.result()) for f in futures])
     after = alone()
     alone_ms = {k: statistics.median([(b - a) * 1e3 for a, b in before[k] + after[k]]) for k in before}
@@ -203,7 +203,7 @@ def load_terms(
     res = run_dp(
         DpRunConfig(mode="load", model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup,
                     probe_sizes=tuple(sizes), probe_reps=tuple(reps), **_zoo_fields(case)),
-        popen=popen, master=master, port=random.randint(20000, 60000),
+        popen=popen, master=master, port=free_port(),
     )  # fmt: skip
     x = np.log(np.asarray(sizes, float))
     lost = np.asarray(res["lost_us"], float)
@@ -307,7 +307,7 @@ def run_ooo_validation(
                     else:
                         log(f"running {case.model} k={kk} ({label}){tag}, predicted before the runs {preds[label]:.1f} ms")
                         run_cfg = DpRunConfig(mode="ooo", k=kk, **_zoo_fields(case), **base)  # type: ignore[arg-type]
-                    res = run_dp(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
+                    res = run_dp(run_cfg, popen=popen, master=master, port=free_port())
                     got[label].append(res)
                     log(f"  measured {res['step_ms']:.1f} ms")
                 alone, together = host_reading([got[label][-1]["ranks"] for label in got])

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any
 import click
 
 from trainsim.errors import UserError
+from trainsim.run.ranks import free_port
 
 SCHEDULE_SET: tuple[tuple[str, int], ...] = (
     ("GPipe", 1),
@@ -234,7 +234,7 @@ def run_pipeline_validation(
                     row, run_cfg = rows[key]
                     log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), its steps in segments between "
                         "readings of the host's speed")  # fmt: skip
-                    res = run_pipeline(run_cfg, popen=popen, master=master, port=random.randint(20000, 60000))
+                    res = run_pipeline(run_cfg, popen=popen, master=master, port=free_port())
                     row["passes_ms"].append(round(res["step_ms"], 3))
                     row.setdefault("passes_median_ms", []).append(round(res["step_median_ms"], 3))
                     row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
@@ -373,7 +373,7 @@ def _probe_p2p_overhead_us(
                             warmup=warmup, hollow=True)  # fmt: skip
         # a single run of the hollow model moved by 20 % between probes minutes apart (56.6 and 67.0 ms
         # at M = 16), and every message of every prediction inherits it: the median of a few runs
-        runs = [run_pipeline(cfg, popen=popen, master=master, port=random.randint(20000, 60000))["step_ms"]
+        runs = [run_pipeline(cfg, popen=popen, master=master, port=free_port())["step_ms"]
                 for _ in range(PROBE_RUNS)]  # fmt: skip
         meas = statistics.median(runs)
         n = comm_actions(spec)
