@@ -51,9 +51,10 @@ def free_port() -> int:
     benchmark with ``EADDRINUSE``; so can the kernel's own pick (bind to 0), which lies in that range.
     The kernel's pick where the range leaves no room below it."""
     import random
+    from pathlib import Path
 
     try:
-        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768  # Linux's default
     for _ in range(64 if low > 20000 + 64 else 0):
