@@ -125,7 +125,7 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
     import socket
     from pathlib import Path
 
-    from trainsim.run.ranks import free_port
+    from trainsim.run.ranks import free_port, free_ports
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(20):
@@ -133,3 +133,4 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
         assert (20000 <= port < low) if low > 20064 else port > 0
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+    assert len(set(free_ports(5))) == 5

@@ -106,13 +106,13 @@ def test_copies_with_one_start_at_start_their_loops_together() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from trainsim.run.ooo_dp import DpRunConfig, run_dp
-    from trainsim.run.ranks import free_port
+    from trainsim.run.ranks import free_ports
     from trainsim.validate.ooo import CORUN_START_S
 
     cfg = DpRunConfig(mode="ooo", k=0, world_size=1, model="mlp", batch_size=8, steps=3, warmup=1,
                       start_at=time.time() + CORUN_START_S)  # fmt: skip
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(run_dp, cfg, port=free_port()) for _ in range(2)]
+        futures = [pool.submit(run_dp, cfg, port=p) for p in free_ports(2)]
         marks = [f.result()["ranks"][0]["marks"] for f in futures]
     assert all(len(m) == cfg.steps + 1 for m in marks)
     assert abs(marks[0][0] - marks[1][0]) < 0.5  # perf_counter: one clock for both processes

@@ -301,14 +301,11 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
     def make_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
-    if cfg.mode == "load":
-        res = load_probe(model, batches, loss_fn, cfg, rank)
-        out.write_text(json.dumps({"rank": rank, **res}))
-        dist.barrier()
-        dist.destroy_process_group()
-        return
-    if cfg.alternate:
-        res = alternate_orders(model, batches, loss_fn, make_opt, cfg, rank)
+    if cfg.mode == "load" or cfg.alternate:  # the probe, or the orders side by side: their own loops
+        if cfg.mode == "load":
+            res = load_probe(model, batches, loss_fn, cfg, rank)
+        else:
+            res = alternate_orders(model, batches, loss_fn, make_opt, cfg, rank)
         out.write_text(json.dumps({"rank": rank, **res}))
         dist.barrier()
         dist.destroy_process_group()

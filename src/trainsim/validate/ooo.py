@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import free_port
+from trainsim.run.ranks import free_port, free_ports
 
 if TYPE_CHECKING:
     from trainsim.transform.ooo import HostTerms
@@ -164,11 +164,8 @@ def side_by_side_terms(
 
     before = alone()
     together = replace(cfg, start_at=time.time() + CORUN_START_S)
-    ports: set[int] = set()
-    while len(ports) < copies:  # one rendezvous port per copy, distinct
-        ports.add(free_port())
     with ThreadPoolExecutor(copies) as pool:
-        futures = [pool.submit(run_dp, together, port=p) for p in sorted(ports)]
+        futures = [pool.submit(run_dp, together, port=p) for p in free_ports(copies)]
         both = overlapping_alt([alt_steps(f.result()) for f in futures])
     after = alone()
     alone_ms = {k: statistics.median([(b - a) * 1e3 for a, b in before[k] + after[k]]) for k in before}
