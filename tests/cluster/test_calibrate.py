@@ -4,13 +4,17 @@ import numpy as np
 import pytest
 
 from trainsim.cluster.calibrate import (
+    RESIDUAL_MIN_US,
     Calibration,
+    _fit_knee_kept,
     calibrate,
+    calibrate_interleaved,
     default_sizes,
     fit_alpha_beta,
     fit_knee,
     fit_model,
     knee_us,
+    residual_ratios,
     round_mean,
 )
 from trainsim.errors import UserError
@@ -95,6 +99,60 @@ def test_fit_knee_leaves_out_one_noisy_size() -> None:
     assert np.abs(model / t - 1).max() < 0.02
     # clean data: nothing left out, the line itself
     assert np.abs(knee_us(s, *fit_knee(s, t)) / t - 1).max() < 0.005
+
+
+def test_residual_ratios_correct_the_form_above_the_knee_only() -> None:
+    # 100 Mbit/s-like: a floor of 2 ms of handshakes for small sizes, then a byte costs 0.088 us up to
+    # 4 MiB and 0.094 us beyond (two slopes above the knee, which the fitted form cannot follow); the
+    # 1 KiB time 8 % above the floor (noise)
+    def truth(x: float) -> float:
+        return max(2000.0, 300.0 + (0.088 * x if x <= 4 << 20 else 0.088 * (4 << 20) + 0.094 * (x - (4 << 20))))
+
+    s = np.array(default_sizes(64 << 20), dtype=float)
+    t = np.array([truth(x) for x in s])
+    t[0] *= 1.08
+    fit, kept = _fit_knee_kept(s, t)
+    alone = knee_us(s, *fit)
+    assert np.abs(alone / t - 1)[s >= 1 << 20].max() > 0.01  # the form alone misses the large sizes
+    sizes, ratio = residual_ratios(s, t, fit, kept)
+    link = fit_alpha_beta(s, t, world=2)[2]
+    cal = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=list(map(int, s)), measured_us=list(t),
+                      a_us=fit[0], b_us_per_byte=fit[1], floor_us=fit[2], b0_us_per_byte=fit[3], link=link,
+                      residual_sizes_bytes=sizes, residual_ratio=ratio)  # fmt: skip
+    c = fit[2] / fit[1]
+    for x, m, f in zip(s, t, alone, strict=True):
+        if x >= 2 * c and f >= RESIDUAL_MIN_US:  # the bandwidth regime: the measurement itself
+            assert cal.predict_us(x) == pytest.approx(m, rel=1e-9)
+        else:  # below it the form as fitted (the 1 KiB noise stays averaged out)
+            assert cal.predict_us(x) == pytest.approx(f, rel=1e-9)
+    # between calibrated sizes (one of them across the kink at 4 MiB) and beyond them: the true curve
+    # within 1 % (the form alone: > 1 % off)
+    for x in (2 << 20, 8 << 20, 32 << 20, 128 << 20):
+        assert cal.predict_us(x) == pytest.approx(truth(x), rel=0.01)
+    assert abs(cal.fit_us(32 << 20) / truth(32 << 20) - 1) > 0.01
+    # kept through JSON; a calibration without ratios predicts with the form alone
+    assert Calibration.from_json(cal.to_json()).predict_us(8 << 20) == pytest.approx(cal.predict_us(8 << 20))
+    plain = Calibration.from_json({**cal.to_json(), "residual_sizes_bytes": [], "residual_ratio": []})
+    assert plain.predict_us(8 << 20) == pytest.approx(cal.fit_us(8 << 20)) and plain.residual(8 << 20) == 1.0
+
+
+def test_residual_ratios_skip_a_size_the_fit_left_out() -> None:
+    s = np.array([*default_sizes(8 << 20), 9 << 20], dtype=float)
+    t = 2000.0 + 0.46 * s
+    t[list(s).index(1 << 20)] *= 1.16  # a burst of host load
+    fit, kept = _fit_knee_kept(s, t)
+    assert not kept[list(s).index(1 << 20)]
+    sizes, ratio = residual_ratios(s, t, fit, kept)
+    assert (1 << 20) not in sizes and max(abs(r - 1) for r in ratio) < 0.01
+
+
+def test_calibrate_interleaved_checks_its_input() -> None:
+    with pytest.raises(UserError, match="sizes"):
+        calibrate_interleaved([])
+    with pytest.raises(UserError, match="sizes"):
+        calibrate_interleaved([[1024], []])
+    with pytest.raises(UserError, match="launches"):
+        calibrate_interleaved([[1024]], launches=0)
 
 
 def test_json_round_trip() -> None:
@@ -206,6 +264,11 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
                        launches=3)  # fmt: skip
     assert len(pinned.measured_us) == 3 and all(t > 0 for t in pinned.measured_us)
     assert not any("pinning the ranks to cores refused" in n for n in pinned.notes)
+    # two calibrations whose launches take turns, each with its own sizes and fit
+    fit, check = calibrate_interleaved([[1024, 4096, 1 << 20], [2048, 8192]], world=2, reps=2, budget_s=0.05,
+                                       launches=2)  # fmt: skip
+    assert fit.sizes_bytes == [1024, 4096, 1 << 20] and check.sizes_bytes == [2048, 8192]
+    assert all(t > 0 for t in fit.measured_us + check.measured_us) and fit.predict_us(2048) > 0
 
 
 def test_p2p_line_and_duplex_factor() -> None:

@@ -40,11 +40,13 @@ def _parse_bytes(text: str) -> int:
               "as separate machines would be: steadier sub-millisecond all-reduces where ranks share a host")
 @click.option("--launches", type=int, default=1, show_default=True,
               help="measure the sizes up to 256 KiB in this many launches of new processes, keep the median")
+@click.option("--launch-seconds", type=float, default=None,
+              help="with --launches: seconds of all-reduces per size in each launch after the first (default 0.3)")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the calibration JSON here")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def calibrate(
     world: int, rate: float | None, delay: float, min_bytes: str, max_bytes: str, reps: int, realtime: bool,
-    pin: bool, launches: int, out: str | None, as_json: bool,
+    pin: bool, launches: int, launch_seconds: float | None, out: str | None, as_json: bool,
 ) -> None:
     """Measure gloo all-reduce latency/bandwidth with torch.distributed and fit the model's constants."""
     from rich.console import Console
@@ -56,12 +58,15 @@ def calibrate(
         raise UserError(f"--rate {rate}; expected a bandwidth > 0 Mbit/s")
     if not delay >= 0:
         raise UserError(f"--delay {delay}; expected a latency >= 0 ms")
+    if launch_seconds is not None and not launch_seconds > 0:
+        raise UserError(f"--launch-seconds {launch_seconds}; expected > 0 seconds")
     lo, hi = _parse_bytes(min_bytes), _parse_bytes(max_bytes)
     if not 0 < lo <= hi:
         raise UserError(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}; expected 0 < min <= max")
     with Console(stderr=True).status("measuring all-reduce times ..."):
         cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps,
-                  realtime=realtime, pin=pin, launches=launches)
+                  realtime=realtime, pin=pin, launches=launches, small_budget_s=launch_seconds,
+                  small_rounds=max(5, round(20 * launch_seconds)) if launch_seconds else 5)
     data = cal.to_json()
     if out:
         Path(out).write_text(json.dumps(data, indent=1))
@@ -87,6 +92,9 @@ def calibrate(
         f"(size - {knee / 1e3:.1f} KB), {b * 1e3:.4f} us/KB * size); ring model: alpha "
         f"{cal.link.latency_us:.1f} us, bandwidth {cal.link.bw_gbps * 8e3:.1f} Mbit/s"
     )
+    ratios = [f"{x:,} B x{r:.3f}" for x, r in zip(cal.residual_sizes_bytes, cal.residual_ratio, strict=True) if r != 1]
+    if ratios:
+        click.echo("measured / fitted above the knee (the model keeps these): " + ", ".join(ratios))
 
 
 @click.command("scaleout")

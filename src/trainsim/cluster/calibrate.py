@@ -21,7 +21,10 @@ Algorithm:
 3. fit ``t(S) = a + max(floor + b0 (S - c), b S)``, ``c = floor / b``, minimising the *relative*
    squared error (``fit_knee``: a slope ``b`` above the knee ``c``, a smaller one ``b0`` below it), and
    turn it into the ring model's constants: the time at 0 bytes is ``2(p-1) alpha`` and
-   ``b = 2(p-1)/p / bandwidth`` (``collectives.ring_allreduce_us``).
+   ``b = 2(p-1)/p / bandwidth`` (``collectives.ring_allreduce_us``);
+4. above the knee, for sizes of 20 ms or more, where the times repeat within 1-2 % from run to run,
+   keep what the form misses as a ratio per calibrated size (``residual_ratios``), interpolated
+   between sizes by ``Calibration.predict_us``.
 
 With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
 parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
@@ -108,6 +111,10 @@ class Calibration:
     ``p2p_sizes_bytes`` (``_post_pass``)"""
     post_busy_us: list[float] = field(default_factory=list)
     """the same with every rank computing between its posts, as in a pipeline's steps"""
+    residual_sizes_bytes: list[int] = field(default_factory=list)
+    """sizes at which ``residual_ratio`` corrects the fitted form (``residual_ratios``; none: the fit alone)"""
+    residual_ratio: list[float] = field(default_factory=list)
+    """measured / fitted time at each of ``residual_sizes_bytes`` (1 below the bandwidth regime)"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -147,8 +154,21 @@ class Calibration:
         return float(y[-1] * s / x[-1]) if s > x[-1] else float(np.interp(s, x, y))
 
     def predict_us(self, size_bytes: float) -> float:
-        """All-reduce time of ``size_bytes`` (``knee_us``)."""
+        """All-reduce time of ``size_bytes``: the fitted form (``knee_us``) times the measured residual
+        ratio at that size (``residual_ratios``: interpolated in log size between the calibrated
+        sizes, the end ratios held beyond them; 1 where not calibrated)."""
+        return self.fit_us(size_bytes) * self.residual(size_bytes)
+
+    def fit_us(self, size_bytes: float) -> float:
+        """The fitted form alone (``knee_us`` with this calibration's constants)."""
         return float(knee_us(size_bytes, self.a_us, self.b_us_per_byte, self.floor_us, self.b0_us_per_byte))
+
+    def residual(self, size_bytes: float) -> float:
+        """The residual ratio ``predict_us / fit_us`` at ``size_bytes`` (see ``residual_ratios``)."""
+        if not self.residual_ratio:
+            return 1.0
+        x = np.log(np.asarray(self.residual_sizes_bytes, float))
+        return float(np.interp(np.log(max(float(size_bytes), 1.0)), x, np.asarray(self.residual_ratio, float)))
 
     def p2p_line(self) -> tuple[float, float]:
         """``(latency_us, us_per_byte)`` of one point-to-point transfer, a relative least-squares line
@@ -293,6 +313,13 @@ def fit_knee(
     line at 20 Mbit/s) does not tilt the slope that the large sizes, the ones a training step pays
     for, depend on.
     """
+    return _fit_knee_kept(sizes, times_us, below_slope=below_slope, knee=knee)[0]
+
+
+def _fit_knee_kept(
+    sizes: np.ndarray, times_us: np.ndarray, *, below_slope: bool = True, knee: bool = True
+) -> tuple[tuple[float, float, float, float], np.ndarray]:
+    """``fit_knee`` and the mask of the sizes the fit kept (a noisy size left out is false)."""
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(times_us, dtype=float)
     if len(s) < 2 or (t <= 0).any() or len(s) != len(t):
@@ -307,8 +334,44 @@ def fit_knee(
         ends = (s == s.min()) | (s == s.max())
         out = (r > limit) & ~ends
         if 0 < int(out.sum()) <= len(s) // 4:
-            fit = _fit_knee_once(s, t, ~out, below_slope=below_slope, knee=knee)
-    return fit
+            keep = ~out
+            fit = _fit_knee_once(s, t, keep, below_slope=below_slope, knee=knee)
+    return fit, keep
+
+
+RESIDUAL_FROM_KNEE = 2.0
+"""``residual_ratios`` corrects sizes from this many times the fitted knee up (the bandwidth regime)"""
+RESIDUAL_MIN_US = 20_000.0
+"""... and whose all-reduce takes at least this long (the fitted time), so that a scheduler tick of 4 ms
+that some of its repetitions wait for is a small share of it"""
+
+
+def residual_ratios(
+    sizes: np.ndarray, times_us: np.ndarray, fit: tuple[float, float, float, float], keep: np.ndarray
+) -> tuple[list[int], list[float]]:
+    """Where the fitted form misses the measured times by a few percent, the measurement itself:
+    ``(sizes, measured / fitted)`` at the sizes the fit kept, with ratio 1 below ``RESIDUAL_FROM_KNEE``
+    times the knee ``c = floor / b`` and where the fitted time is below ``RESIDUAL_MIN_US``.
+
+    Above the knee a byte's cost is not quite one constant: on the 100 Mbit/s link gloo's all-reduce
+    cost 90.6-90.9 us/KB from 256 KiB to 4 MiB and 93.8-95.1 us/KB from 4 to 64 MiB (2026-11-24), so
+    the one slope that fits them best missed 16 and 64 MiB by -2.9 and -2.7 % and 1 MiB by +1.1 %, on
+    the run it was fitted to. Those times repeat within about 1 % from run to run, so the measurement
+    is the better predictor there. Below the knee the times are a few hundred microseconds of
+    wake-ups and round trips that move by 10-15 % from second to second on this host
+    (docs/benchmarks/cluster.md, "How steady is a small all-reduce"), and with the kernel's default
+    scheduler a share of the all-reduces of up to tens of milliseconds waits for a 4 ms tick (64 KiB
+    at 1 Gbit/s: 1.5 ms in one run, 2.0 ms in the next): there the form, fitted across several sizes,
+    averages that noise and is kept as it is. A size the fit left out as noisy gets no ratio
+    of its own (its neighbours' are interpolated)."""
+    s = np.asarray(sizes, dtype=float)
+    t = np.asarray(times_us, dtype=float)
+    a, b, floor, b0 = fit
+    c = floor / b if b > 0 else 0.0
+    fitted = knee_us(s, a, b, floor, b0)
+    ratio = np.where((s >= RESIDUAL_FROM_KNEE * c) & (fitted >= RESIDUAL_MIN_US), t / fitted, 1.0)
+    order = np.argsort(s[keep], kind="stable")
+    return [int(x) for x in s[keep][order]], [float(x) for x in ratio[keep][order]]
 
 
 def _fit_knee_once(
@@ -367,6 +430,9 @@ def default_sizes(max_bytes: int, min_bytes: int = 1024) -> list[int]:
     return sizes
 
 
+ROUNDS = 5  # the all-reduce sizes are measured in this many interleaved rounds (``_worker``)
+
+
 def calibrate(
     *,
     world: int = 2,
@@ -384,6 +450,8 @@ def calibrate(
     realtime: bool = False,
     pin: bool = False,
     launches: int = 1,
+    small_budget_s: float | None = None,
+    small_rounds: int = ROUNDS,
 ) -> Calibration:
     """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
     ``allgather_sizes``: per-rank sizes at which to time the hook's all-gather too
@@ -395,7 +463,44 @@ def calibrate(
     ``launches``: measure the all-reduces of up to ``LAUNCH_MAX_BYTES`` in this many launches of new
     processes and keep, per size, the median of the launches (where the ranks' threads land changes
     the sub-millisecond times from one launch to the next; the other measurements come from the
-    first launch)."""
+    first launch); ``small_budget_s``, ``small_rounds``: all-reduce time per size and rounds in each of
+    those further launches (``calibrate_interleaved``)."""
+    return calibrate_interleaved(
+        [sizes or default_sizes(max_bytes, min_bytes)], world=world, rate_mbit=rate_mbit, delay_ms=delay_ms,
+        reps=reps, budget_s=budget_s, timeout_s=timeout_s, net=net, allgather_sizes=allgather_sizes,
+        p2p_sizes=p2p_sizes, realtime=realtime, pin=pin, launches=launches, small_budget_s=small_budget_s,
+        small_rounds=small_rounds,
+    )[0]  # fmt: skip
+
+
+def calibrate_interleaved(
+    size_sets: list[list[int]],
+    *,
+    world: int = 2,
+    rate_mbit: float | None = None,
+    delay_ms: float = 0.0,
+    reps: int = 5,
+    budget_s: float = 0.3,
+    timeout_s: float = 600.0,
+    net: object | None = None,
+    allgather_sizes: list[int] | None = None,
+    p2p_sizes: list[int] | None = None,
+    realtime: bool = False,
+    pin: bool = False,
+    launches: int = 1,
+    small_budget_s: float | None = None,
+    small_rounds: int = ROUNDS,
+) -> list[Calibration]:
+    """Independent calibrations, one per list of ``size_sets`` (each its own processes, its own fit),
+    whose launches take turns: each one's first launch, then the further launches of the small sizes
+    (``launches``) in rounds of one per calibration. Two calibrations a few minutes apart differ by
+    the host's drift as much as by their sampling (a sub-millisecond all-reduce moves by 10-15 %
+    within seconds on this host); taking turns spreads both over the same minutes, so that one can
+    check the other (``benchmarks/cluster_collectives.py``). ``small_budget_s`` (default ``budget_s``)
+    and ``small_rounds``: all-reduce time per size and rounds in each further launch: the time spent
+    there counts more than the number of launches, for a sub-millisecond all-reduce on this host is
+    slow or fast for a second or two at a time, within a launch as across launches. Other arguments
+    as ``calibrate``."""
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
@@ -403,11 +508,15 @@ def calibrate(
         raise UserError(f"calibrate: world={world}; expected at least 2 processes")
     if reps < 1:
         raise UserError(f"calibrate: reps={reps}; expected >= 1")
-    sizes = sizes or default_sizes(max_bytes, min_bytes)
+    if not size_sets or any(not x or min(x) < 1 for x in size_sets):
+        raise UserError(f"calibrate: sizes={size_sets}; expected sizes of >= 1 byte")
     if budget_s < 0:
         raise UserError(f"calibrate: budget_s={budget_s}; expected >= 0 seconds")
     if launches < 1:
         raise UserError(f"calibrate: launches={launches}; expected >= 1")
+    if small_rounds < 1 or (small_budget_s is not None and small_budget_s < 0):
+        raise UserError(f"calibrate: small_rounds={small_rounds}, small_budget_s={small_budget_s}; expected "
+                        ">= 1 round and >= 0 seconds")  # fmt: skip
     ag_sizes = sorted(set(allgather_sizes or []))
     if len(ag_sizes) == 1 or any(x < 4 for x in ag_sizes):
         raise UserError(f"calibrate: allgather_sizes={ag_sizes}; expected at least two sizes of >= 4 bytes")
@@ -415,35 +524,58 @@ def calibrate(
     if len(pp_sizes) == 1 or any(x < 4 for x in pp_sizes) or (pp_sizes and world % 2):
         raise UserError(f"calibrate: p2p_sizes={pp_sizes} with {world} ranks; expected at least two sizes of "
                         ">= 4 bytes and an even number of ranks")  # fmt: skip
-    args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
-            ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-",
-            ("realtime" if realtime else "default") + ("+pin" if pin else "")]  # fmt: skip
-    small = [s for s in sizes if s <= LAUNCH_MAX_BYTES] if launches > 1 else []
-    small_args = [*args[:3], ",".join(map(str, small)), *args[4:6], "-", "-", args[8]]
+    mode = ("realtime" if realtime else "default") + ("+pin" if pin else "")
+    small_budget = budget_s if small_budget_s is None else small_budget_s
+    runs = []  # per calibration: (sizes, the first launch's arguments, the small sizes, their arguments)
+    for sizes in size_sets:
+        args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
+                ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-", mode]  # fmt: skip
+        small = [x for x in sizes if x <= LAUNCH_MAX_BYTES] if launches > 1 else []
+        runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), args[4], str(small_budget), "-",
+                                                 "-", mode, str(small_rounds)]))  # fmt: skip
 
-    def go(n: Any) -> tuple[list[str], list[list[str]]]:
-        first = launch(world, args, net=n, timeout_s=timeout_s)
-        return first, [launch(world, small_args, net=n, timeout_s=timeout_s) for _ in range(launches - 1) if small]
+    def go(n: Any) -> list[tuple[list[str], list[list[str]]]]:
+        firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
+        more: list[list[list[str]]] = [[] for _ in runs]
+        for _ in range(launches - 1):
+            for i, (_, _, small, small_args) in enumerate(runs):
+                if small:
+                    more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
+        return list(zip(firsts, more, strict=True))
 
     notes: list[str] = []
     if isinstance(net, Netns):
-        outs, more = go(net)
+        outs = go(net)
         where = "netns"
     else:
         reason = netns_unavailable()
         if reason is None:
             try:
                 with Netns(world, rate_mbit=rate_mbit, delay_ms=delay_ms) as n:
-                    outs, more = go(n)
+                    outs = go(n)
                 where = "netns"
             except NetnsUnavailable as exc:
                 reason = str(exc)
         if reason is not None:
             if rate_mbit is not None or delay_ms > 0:
                 notes.append(f"no network namespaces ({reason}): measured on unshaped loopback instead")
-            outs, more = go(None)
+            outs = go(None)
             where = "loopback"
-    data = json.loads(outs[0].strip().splitlines()[-1])
+    return [
+        _built(sizes, small, first, more, world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, where=where,
+               notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin)
+        for (sizes, _, small, _), (first, more) in zip(runs, outs, strict=True)
+    ]  # fmt: skip
+
+
+def _built(
+    sizes: list[int], small: list[int], first: list[str], more: list[list[str]], *, world: int,
+    rate_mbit: float | None, delay_ms: float, where: str, notes: list[str], ag_sizes: list[int],
+    pp_sizes: list[int], realtime: bool, pin: bool,
+) -> Calibration:  # fmt: skip
+    """One ``Calibration`` from its workers' outputs: the first launch ``first`` and the further
+    launches ``more`` of the ``small`` sizes."""
+    data = json.loads(first[0].strip().splitlines()[-1])
     if pin and not data.get("pinned"):
         notes.append(f"pinning the ranks to cores refused ({data.get('pin_error')}): threads were not pinned")
     if realtime and not data.get("realtime"):
@@ -456,7 +588,8 @@ def calibrate(
                 by_size[s].append(round_mean(r))
         med = [float(statistics.median([m, *by_size[s]])) if s in by_size else m
                for s, m in zip(sizes, med, strict=True)]  # fmt: skip
-    a, b, floor, b0 = fit_knee(np.array(sizes), np.array(med))
+    (a, b, floor, b0), kept = _fit_knee_kept(np.array(sizes), np.array(med))
+    res_sizes, res_ratio = residual_ratios(np.array(sizes), np.array(med), (a, b, floor, b0), kept)
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) >= 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
@@ -474,13 +607,13 @@ def calibrate(
         p2p_sizes_bytes=pp_sizes if p2p else [], p2p_oneway_us=[o for o, _ in p2p],
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
         post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
+        residual_sizes_bytes=res_sizes, residual_ratio=res_ratio,
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- worker (one per rank)
 LAUNCH_MAX_BYTES = 256 << 10  # sizes measured in every launch when ``calibrate(launches=...)`` > 1
 MAX_REPS = 2000  # sub-millisecond sizes: enough repetitions to fill the budget (0.3 s)
-ROUNDS = 5  # the all-reduce sizes are measured in this many interleaved rounds (``_worker``)
 ROUND_MAX_S = 0.05  # sizes whose all-reduce takes longer are measured in the first round only
 CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
 ALONE_S = 0.2  # windows of computation alone around the all-reduces of the CPU pass
@@ -699,7 +832,7 @@ def _pin() -> str | None:
 
 def _worker(
     sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int], pp_sizes: list[int], realtime: bool = False,
-    pin: bool = False,
+    pin: bool = False, n_rounds: int = ROUNDS,
 ) -> None:  # fmt: skip
     import torch
     import torch.distributed as dist
@@ -710,15 +843,15 @@ def _worker(
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cpu: list[list[float]] = []
-    # every size in each of ROUNDS rounds (those faster than ROUND_MAX_S after the first): a burst of
+    # every size in each of n_rounds rounds (those faster than ROUND_MAX_S after the first): a burst of
     # load on the host that lasts a second or two then touches a share of each size's repetitions
     # rather than all of two or three neighbouring sizes
     xs = [torch.ones(max(1, size // 4), dtype=torch.float32) for size in sizes]
-    rounds = [[_measure(partial(dist.all_reduce, x), reps, budget_s / ROUNDS)] for x in xs]
+    rounds = [[_measure(partial(dist.all_reduce, x), reps, budget_s / n_rounds)] for x in xs]
     again = [i for i, r in enumerate(rounds) if statistics.fmean(r[0]) < ROUND_MAX_S * 1e6]
-    for _ in range(ROUNDS - 1):
+    for _ in range(n_rounds - 1):
         for i in again:
-            rounds[i].append(_measure(partial(dist.all_reduce, xs[i]), reps, budget_s / ROUNDS))
+            rounds[i].append(_measure(partial(dist.all_reduce, xs[i]), reps, budget_s / n_rounds))
     out = [[t for r in rs for t in r] for rs in rounds]
     for x, times in zip(xs, out, strict=True):
         slow = statistics.fmean(times) > CPU_PASS_MAX_S * 1e6
@@ -758,11 +891,12 @@ def _worker(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 8 and sys.argv[1] == "--worker":
+    if len(sys.argv) in (8, 9) and sys.argv[1] == "--worker":
         ag, pp = ([] if a == "-" else [int(s) for s in a.split(",")] for a in sys.argv[5:7])
         _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]), ag, pp,
-                sys.argv[7].startswith("realtime"), sys.argv[7].endswith("+pin"))  # fmt: skip
+                sys.argv[7].startswith("realtime"), sys.argv[7].endswith("+pin"),
+                int(sys.argv[8]) if len(sys.argv) == 9 else ROUNDS)  # fmt: skip
     else:
         print("usage: python -m trainsim.cluster.calibrate --worker SIZES REPS BUDGET_S AG_SIZES|- P2P_SIZES|- "
-              "default|realtime[+pin] (started by `trainsim calibrate`)")  # fmt: skip
+              "default|realtime[+pin] [ROUNDS] (started by `trainsim calibrate`)")  # fmt: skip
         sys.exit(2)
