@@ -28,7 +28,7 @@ from cluster_common import DOC, command_line, stamp, write_section
 LINKS = ((1000.0, 0.0, 256 << 20), (100.0, 0.0, 64 << 20), (100.0, 5.0, 64 << 20))
 QUICK_LINKS = ((200.0, 0.0, 4 << 20),)
 LAUNCHES = 10  # realtime runs: sizes up to 256 KiB measured in this many launches, the median kept
-SMALL_BUDGET_S, SMALL_ROUNDS = 1.0, 20  # in each launch after the first: all-reduce time per size, rounds
+SMALL_BUDGET_S = 1.0  # in each launch after the first: all-reduce time per size (ROUNDS_PER_S rounds a second)
 
 
 def main() -> int:
@@ -38,7 +38,14 @@ def main() -> int:
     ap.add_argument("--sched", choices=("default", "realtime", "both"), default="both",
                     help="scheduling class of the ranks' threads (see `trainsim calibrate --realtime`)")
     args = ap.parse_args()
-    from trainsim.cluster.calibrate import RESIDUAL_FROM_KNEE, RESIDUAL_MIN_US, ROUNDS, calibrate_interleaved
+    from trainsim.cluster.calibrate import (
+        RESIDUAL_FROM_KNEE,
+        RESIDUAL_MIN_US,
+        ROUNDS,
+        ROUNDS_PER_S,
+        calibrate_interleaved,
+        default_sizes,
+    )
     from trainsim.validate.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
@@ -68,7 +75,8 @@ def main() -> int:
         "on a core of their own, so that where they land does not change the small all-reduces' latency from",
         "one launch to the next; the two emulated machines share this VM's 2 cores, real machines do not).",
         f"Each has its own fit and check run; in the realtime runs the sizes up to 256 KiB are measured in {LAUNCHES}",
-        f"launches of new processes each (after the first, {SMALL_BUDGET_S:g} s of all-reduces per size in {SMALL_ROUNDS} rounds)",
+        f"launches of new processes each (after the first, {SMALL_BUDGET_S:g} s of all-reduces per size in "
+        f"{round(ROUNDS_PER_S * SMALL_BUDGET_S)} rounds)",
         "and the median launch kept (`--launches`), the fit's and the check's launches taking turns.",
         "",
     ]
@@ -77,7 +85,10 @@ def main() -> int:
     worst_form_all = dict.fromkeys(scheds, 0.0)
     raw: list[dict[str, object]] = []  # every calibration, for docs/benchmarks/cluster_collectives.json
     for rate, delay, max_bytes in QUICK_LINKS if args.quick else LINKS:
-        sizes = fit_sizes(max_bytes)
+        # the calibration grid x2 apart, twice as dense as the harnesses': on a x4 grid the knee between the
+        # latency-bound and the bandwidth-bound sizes could sit anywhere between two sizes, and 8 KiB at
+        # 200 Mbit/s, between 4 and 16 KiB, came out 5 % low in a trial of 2026-11-25
+        sizes = default_sizes(max_bytes, factor=2)
         halfway = [4 * round(x * math.sqrt(2) / 4) for x in sizes[:-1]]
         check_sizes = [sizes[0], *halfway, sizes[-1]]
         reps = 3 if args.quick else args.reps
@@ -89,8 +100,8 @@ def main() -> int:
                       flush=True)  # fmt: skip
                 fit, check = calibrate_interleaved([sizes, check_sizes], world=2, rate_mbit=rate, delay_ms=delay,
                                                    reps=reps, net=net, realtime=rt, pin=rt,
-                                                   launches=LAUNCHES if rt else 1, small_budget_s=SMALL_BUDGET_S,
-                                                   small_rounds=SMALL_ROUNDS)  # fmt: skip
+                                                   launches=LAUNCHES if rt else 1,
+                                                   small_budget_s=SMALL_BUDGET_S)  # fmt: skip
                 for note in fit.notes + check.notes:
                     print(f"note: {note}", file=sys.stderr)
                 runs[sched] = (fit, check)
@@ -136,18 +147,6 @@ def main() -> int:
         (DOC.parent / "cluster_collectives.json").write_text(json.dumps(raw, indent=1) + "\n")
     print(f"worst |error| {worst_all} -> {DOC}")
     return 0
-
-
-def fit_sizes(max_bytes: int, min_bytes: int = 1024) -> list[int]:
-    """The calibration grid: powers of two from ``min_bytes`` to ``max_bytes`` (x2 apart, twice as dense
-    as ``default_sizes``: on a x4 grid the knee between the latency-bound and the bandwidth-bound sizes
-    could sit anywhere between two sizes, and 8 KiB at 200 Mbit/s, between 4 and 16 KiB, came out 5 %
-    low in a trial of 2026-11-25)."""
-    out, s = [], min_bytes
-    while s <= max_bytes:
-        out.append(s)
-        s *= 2
-    return out
 
 
 def _size(n: int) -> str:

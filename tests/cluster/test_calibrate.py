@@ -153,6 +153,9 @@ def test_calibrate_interleaved_checks_its_input() -> None:
         calibrate_interleaved([[1024], []])
     with pytest.raises(UserError, match="launches"):
         calibrate_interleaved([[1024]], launches=0)
+    with pytest.raises(UserError, match="small_rounds"):
+        calibrate_interleaved([[1024]], launches=2, small_rounds=0)
+    assert default_sizes(8192, factor=2) == [1024, 2048, 4096, 8192] and default_sizes(8192) == [1024, 4096]
 
 
 def test_json_round_trip() -> None:

@@ -65,8 +65,7 @@ def calibrate(
         raise UserError(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}; expected 0 < min <= max")
     with Console(stderr=True).status("measuring all-reduce times ..."):
         cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps,
-                  realtime=realtime, pin=pin, launches=launches, small_budget_s=launch_seconds,
-                  small_rounds=max(5, round(20 * launch_seconds)) if launch_seconds else 5)
+                  realtime=realtime, pin=pin, launches=launches, small_budget_s=launch_seconds)
     data = cal.to_json()
     if out:
         Path(out).write_text(json.dumps(data, indent=1))

@@ -422,15 +422,17 @@ def _ring_link(small_us: float, b: float, world: int) -> Link:
     return Link(name="calibrated", bw_gbps=bytes_per_us / 1e3, latency_us=alpha, source="trainsim calibrate")
 
 
-def default_sizes(max_bytes: int, min_bytes: int = 1024) -> list[int]:
+def default_sizes(max_bytes: int, min_bytes: int = 1024, factor: int = 4) -> list[int]:
+    """Sizes from ``min_bytes`` up to ``max_bytes``, ``factor`` apart."""
     sizes, s = [], min_bytes
     while s <= max_bytes:
         sizes.append(s)
-        s *= 4
+        s *= factor
     return sizes
 
 
 ROUNDS = 5  # the all-reduce sizes are measured in this many interleaved rounds (``_worker``)
+ROUNDS_PER_S = 20  # launches after the first with a time per size of their own: rounds per second of it
 
 
 def calibrate(
@@ -451,7 +453,7 @@ def calibrate(
     pin: bool = False,
     launches: int = 1,
     small_budget_s: float | None = None,
-    small_rounds: int = ROUNDS,
+    small_rounds: int | None = None,
 ) -> Calibration:
     """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
     ``allgather_sizes``: per-rank sizes at which to time the hook's all-gather too
@@ -489,7 +491,7 @@ def calibrate_interleaved(
     pin: bool = False,
     launches: int = 1,
     small_budget_s: float | None = None,
-    small_rounds: int = ROUNDS,
+    small_rounds: int | None = None,
 ) -> list[Calibration]:
     """Independent calibrations, one per list of ``size_sets`` (each its own processes, its own fit),
     whose launches take turns: each one's first launch, then the further launches of the small sizes
@@ -497,7 +499,8 @@ def calibrate_interleaved(
     the host's drift as much as by their sampling (a sub-millisecond all-reduce moves by 10-15 %
     within seconds on this host); taking turns spreads both over the same minutes, so that one can
     check the other (``benchmarks/cluster_collectives.py``). ``small_budget_s`` (default ``budget_s``)
-    and ``small_rounds``: all-reduce time per size and rounds in each further launch: the time spent
+    and ``small_rounds`` (default ``ROUNDS``, or ``ROUNDS_PER_S`` per second of ``small_budget_s``, at
+    least ``ROUNDS``): all-reduce time per size and rounds in each further launch: the time spent
     there counts more than the number of launches, for a sub-millisecond all-reduce on this host is
     slow or fast for a second or two at a time, within a launch as across launches. Other arguments
     as ``calibrate``."""
@@ -514,7 +517,7 @@ def calibrate_interleaved(
         raise UserError(f"calibrate: budget_s={budget_s}; expected >= 0 seconds")
     if launches < 1:
         raise UserError(f"calibrate: launches={launches}; expected >= 1")
-    if small_rounds < 1 or (small_budget_s is not None and small_budget_s < 0):
+    if (small_rounds is not None and small_rounds < 1) or (small_budget_s is not None and small_budget_s < 0):
         raise UserError(f"calibrate: small_rounds={small_rounds}, small_budget_s={small_budget_s}; expected "
                         ">= 1 round and >= 0 seconds")  # fmt: skip
     ag_sizes = sorted(set(allgather_sizes or []))
@@ -526,6 +529,8 @@ def calibrate_interleaved(
                         ">= 4 bytes and an even number of ranks")  # fmt: skip
     mode = ("realtime" if realtime else "default") + ("+pin" if pin else "")
     small_budget = budget_s if small_budget_s is None else small_budget_s
+    if small_rounds is None:
+        small_rounds = ROUNDS if small_budget_s is None else max(ROUNDS, round(ROUNDS_PER_S * small_budget_s))
     runs = []  # per calibration: (sizes, the first launch's arguments, the small sizes, their arguments)
     for sizes in size_sets:
         args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
