@@ -36,11 +36,10 @@ PAIRS = 5
 
 
 def _layers(prof: Any, spec: Any, micro: int) -> list[list[int]]:
-    from trainsim.transform.pipeline import check_split, plan_split
+    """The split ``validate pipeline`` plans (at the profile's speed, on a 1 Gbit/s link)."""
+    from trainsim.transform.pipeline import Link, predict_pipeline
 
-    rows = prof.table(micro)
-    sizes = plan_split([r["fwd_us"] + r["bwd_us"] for r in rows], spec.n_stages)
-    return check_split(sizes, len(prof.layer_names), spec.n_stages)
+    return predict_pipeline(prof, spec, batch_size=micro * spec.microbatches, link=Link(bw_gbps=1.0)).split
 
 
 def _profile_ms(prof: Any, spec: Any, layers: list[list[int]], micro: int, rank: int) -> float:

@@ -13,6 +13,7 @@ from trainsim.transform.pipeline import (
     Link,
     PipeSpec,
     check_split,
+    choose_split,
     compute_order,
     lowered_order,
     plan_split,
@@ -172,6 +173,55 @@ def test_plan_split_balances() -> None:
     assert plan_split([1, 1, 1, 1, 4], 2) == [4, 1]
     assert plan_split([5, 1, 1, 1, 1, 1], 2) == [1, 5]
     assert sum(plan_split([3.0] * 9, 4)) == 9
+
+
+def _transformer_like(micro: tuple[int, ...] = (2,)) -> LayerProfile:
+    """9 layers like the zoo transformer's: a light embedding, 6 heavy blocks, a light pool and head."""
+    weights = [0.1] + [1.0] * 6 + [0.1, 0.1]
+    prof = _profile(9, micro)
+    for b in micro:
+        prof.by_batch[b]["layers"] = [
+            {**r, **{k: r[k] * w for k in ("fwd_us", "bwd_us", "bwd_input_us", "bwd_weight_us")}}
+            for r, w in zip(prof.by_batch[b]["layers"], weights, strict=True)
+        ]
+    return prof
+
+
+def _blocks_per_rank(spec: PipeSpec, sizes: list[int]) -> list[int]:
+    heavy = [0] + [1] * 6 + [0, 0]
+    out = [0] * spec.n_ranks
+    for st, layers in enumerate(check_split(sizes, 9, spec.n_stages)):
+        out[spec.stage_to_rank()[st]] += sum(heavy[i] for i in layers)
+    return out
+
+
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV"])
+def test_the_planned_split_balances_the_ranks_of_a_v_schedule(name: str) -> None:
+    # balanced stages (2,2,2,3) hold blocks 0 and 5 on rank 0 and blocks 1-4 on rank 1
+    prof, spec, link = _transformer_like(), PipeSpec(schedule=name, stages_per_rank=2, microbatches=16), Link()
+    stagewise = plan_split([r["fwd_us"] + r["bwd_us"] for r in prof.table(2)], 4)
+    assert _blocks_per_rank(spec, stagewise) == [2, 4]
+    planned = predict_pipeline(prof, spec, batch_size=32, link=link)
+    sizes = [len(s) for s in planned.split]
+    assert _blocks_per_rank(spec, sizes) == [3, 3]
+    assert planned.step_ms < 0.9 * predict_pipeline(prof, spec, batch_size=32, link=link, split=stagewise).step_ms
+
+
+def test_choose_split_searches_locally_when_there_are_too_many_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainsim.transform.pipeline as tp
+
+    spec = PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=2, microbatches=4)
+
+    def rank_load(sizes: list[int]) -> float:  # the busiest rank's blocks, then the split's distance
+        return max(_blocks_per_rank(spec, list(sizes))) + 1e-3 * abs(sizes[0] - 2)
+
+    full = choose_split(rank_load, 9, 4, [2, 2, 2, 3])
+    monkeypatch.setattr(tp, "SPLIT_ENUMERATE_MAX", 0)
+    local = choose_split(rank_load, 9, 4, [2, 2, 2, 3])
+    assert _blocks_per_rank(spec, full) == _blocks_per_rank(spec, local) == [3, 3]
+    assert choose_split(lambda s: 1.0, 9, 4, [2, 2, 2, 3]) == [2, 2, 2, 3]  # ties keep the start
+    with pytest.raises(UserError, match="would be empty"):
+        choose_split(rank_load, 3, 4, [1, 1, 1])
 
 
 def test_every_schedule_is_covered() -> None:

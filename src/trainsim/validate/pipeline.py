@@ -6,7 +6,8 @@
 1. **profile** the model in one process at each microbatch size (``trainsim.capture.layerprofile``),
    and the pipeline runtime's own cost per action, also in one process
    (``pipeline_action_overhead_us``: torch's runtime on one stage vs the per-layer calls, paired);
-2. **plan** the stage split from that profile (``trainsim.transform.pipeline.plan_split``);
+2. **plan** the stage split from that profile: the one with the shortest simulated step
+   (``trainsim.transform.pipeline.choose_split``);
 3. **emulate the network** (2 shaped namespaces) and **calibrate** gloo on it; a point-to-point
    transfer of S bytes costs the fitted line of measured one-way sends (``Calibration.p2p_line``);
 4. **probe** the runtime's own cost per send or receive: the schedule with the most of them, run and
