@@ -63,7 +63,10 @@ def main() -> int:
         "interleaved rounds' means, at least 0.3 s of all-reduces in all), times the run's measured / fitted",
         f"ratio at the sizes from {RESIDUAL_FROM_KNEE:g}x the knee up that take {RESIDUAL_MIN_US / 1e3:g} ms or more,"
         " interpolated in log size between them",
-        "(`residual_ratios`; below that the form alone). Check: a second, independent calibration (new",
+        "(`residual_ratios`; below that the form alone). With several launches (the realtime runs) the",
+        "launches after the first also measure sizes a quarter octave apart around the first launch's knee",
+        "(`knee_sizes`: odd quarter octaves, so never a size of the grid or of the check), and every size",
+        "from 0.5x to 2.5x the knee gets its measured ratio too. Check: a second, independent calibration (new",
         "processes, read the same way) at the smallest and the largest size and at the sizes halfway",
         "between the fit's (x1.41, marked *), its launches taking turns with the fit run's",
         "(`calibrate_interleaved`). Error = (model - check) / check; *form alone*: the error of the fitted",
@@ -112,7 +115,10 @@ def main() -> int:
             lines.append(
                 f"Fit ({sched}): a = {fit.a_us:.1f} us, floor = {fit.floor_us:.1f} us, b = "
                 f"{fit.b_us_per_byte * 1e3:.4f} us/KB, b0 = {fit.b0_us_per_byte * 1e3:.4f} us/KB (ring model: alpha {fit.link.latency_us:.1f} us/step, "
-                f"bandwidth {fit.link.bw_gbps * 8e3:.1f} Mbit/s); measured / fitted: "
+                f"bandwidth {fit.link.bw_gbps * 8e3:.1f} Mbit/s); sizes around the knee: "
+                + (", ".join(f"{_size(x)} {t:,.0f} us" for x, t in zip(fit.knee_sizes_bytes, fit.knee_measured_us,
+                                                                       strict=True)) or "-")
+                + "; measured / fitted: "
                 + (", ".join(f"{_size(x)} {r:.3f}" for x, r in zip(fit.residual_sizes_bytes, fit.residual_ratio,
                                                                     strict=True) if r != 1.0) or "-") + ".  "
             )

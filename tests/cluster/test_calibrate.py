@@ -13,6 +13,7 @@ from trainsim.cluster.calibrate import (
     fit_alpha_beta,
     fit_knee,
     fit_model,
+    knee_sizes,
     knee_us,
     residual_ratios,
     round_mean,
@@ -146,6 +147,45 @@ def test_residual_ratios_skip_a_size_the_fit_left_out() -> None:
     assert (1 << 20) not in sizes and max(abs(r - 1) for r in ratio) < 0.01
 
 
+def test_knee_sizes_fill_the_bend_between_the_grids_sizes() -> None:
+    # a knee at 32 KiB: odd quarter octaves from 16 to 80 KiB, none on the x2 grid or halfway between
+    ks = knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 256 << 10)
+    assert [round(x / 1024, 1) for x in ks] == [19.0, 26.9, 38.1, 53.8, 76.1]
+    grid_and_halfway = {round(1024 * 2 ** (j / 2)) for j in range(40)}
+    assert not grid_and_halfway & set(ks)
+    assert knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 40 << 10) == ks[:3]  # up to hi
+    assert knee_sizes((100.0, 8.0, 0.0, 0.0), 1024, 1 << 30) == []  # no floor: no knee
+
+
+def test_knee_points_correct_the_corner_of_the_form() -> None:
+    # a latency floor of 240 us that bends into the 8 us/KiB line over an octave (smooth maximum):
+    # the form, fitted to the x2 grid, cuts the corner; with the quarter-octave sizes around the knee
+    # the prediction halfway between the grid's sizes follows the bend
+    def truth(x: float) -> float:
+        return float((240.0**4 + (8.0 * x / 1024) ** 4) ** 0.25)
+
+    s = np.array(default_sizes(4 << 20, factor=2), dtype=float)
+    t = np.array([truth(x) for x in s])
+    fit, kept = _fit_knee_kept(s, t)
+    ks = knee_sizes(fit, 1024, 256 << 10)
+    assert len(ks) >= 4
+    sizes, ratio = residual_ratios(s, t, fit, kept, (ks, [truth(x) for x in ks]))
+    assert set(ks) <= set(sizes)
+    link = fit_alpha_beta(s, t, world=2)[2]
+    cal = Calibration(world=2, rate_mbit=1000, delay_ms=0, sizes_bytes=list(map(int, s)), measured_us=list(t),
+                      a_us=fit[0], b_us_per_byte=fit[1], floor_us=fit[2], b0_us_per_byte=fit[3], link=link,
+                      residual_sizes_bytes=sizes, residual_ratio=ratio, knee_sizes_bytes=ks,
+                      knee_measured_us=[truth(x) for x in ks])  # fmt: skip
+    halfway = s[:-1] * 2**0.5
+    form = max(abs(cal.fit_us(x) / truth(x) - 1) for x in halfway)
+    refined = max(abs(cal.predict_us(x) / truth(x) - 1) for x in halfway)
+    assert form > 0.05 and refined < 0.02
+    assert Calibration.from_json(cal.to_json()).predict_us(45 << 10) == pytest.approx(cal.predict_us(45 << 10))
+    # without knee points nothing changes below the bandwidth regime
+    c = fit[2] / fit[1]
+    assert all(r == 1.0 for x, r in zip(*residual_ratios(s, t, fit, kept), strict=True) if x < 2 * c)
+
+
 def test_calibrate_interleaved_checks_its_input() -> None:
     with pytest.raises(UserError, match="sizes"):
         calibrate_interleaved([])
@@ -272,6 +312,9 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
                                        launches=2)  # fmt: skip
     assert fit.sizes_bytes == [1024, 4096, 1 << 20] and check.sizes_bytes == [2048, 8192]
     assert all(t > 0 for t in fit.measured_us + check.measured_us) and fit.predict_us(2048) > 0
+    # sizes around the first launch's knee, measured in the second launch only, never a grid size
+    assert len(fit.knee_sizes_bytes) == len(fit.knee_measured_us) and all(t > 0 for t in fit.knee_measured_us)
+    assert not set(fit.knee_sizes_bytes) & set(fit.sizes_bytes) and set(fit.knee_sizes_bytes) <= set(fit.residual_sizes_bytes)
 
 
 def test_p2p_line_and_duplex_factor() -> None:

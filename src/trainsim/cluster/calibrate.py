@@ -24,7 +24,8 @@ Algorithm:
    ``b = 2(p-1)/p / bandwidth`` (``collectives.ring_allreduce_us``);
 4. above the knee, for sizes of 20 ms or more, where the times repeat within 1-2 % from run to run,
    keep what the form misses as a ratio per calibrated size (``residual_ratios``), interpolated
-   between sizes by ``Calibration.predict_us``.
+   between sizes by ``Calibration.predict_us``; with several launches, also around the knee, where
+   the launches after the first measure sizes a quarter octave apart (``knee_sizes``).
 
 With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
 parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
@@ -41,7 +42,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -115,6 +116,11 @@ class Calibration:
     """sizes at which ``residual_ratio`` corrects the fitted form (``residual_ratios``; none: the fit alone)"""
     residual_ratio: list[float] = field(default_factory=list)
     """measured / fitted time at each of ``residual_sizes_bytes`` (1 below the bandwidth regime)"""
+    knee_sizes_bytes: list[int] = field(default_factory=list)
+    """sizes added around the knee of the first launch's fit and measured in the further launches
+    (``knee_sizes``); not in the fit, only in ``residual_ratios``"""
+    knee_measured_us: list[float] = field(default_factory=list)
+    """all-reduce time at each of ``knee_sizes_bytes``: the median of the further launches"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -346,8 +352,38 @@ RESIDUAL_MIN_US = 20_000.0
 that some of its repetitions wait for is a small share of it"""
 
 
+KNEE_WINDOW = (0.5, 2.5)
+"""``knee_sizes`` and their ratios (``residual_ratios``) span this range of multiples of the knee"""
+
+
+def knee_sizes(
+    fit: tuple[float, float, float, float], lo: int, hi: int, unit: int = 1024
+) -> list[int]:
+    """Sizes a quarter octave apart around the knee ``c = floor / b`` of ``fit`` (within
+    ``KNEE_WINDOW`` times ``c``, and ``lo < size <= hi``): ``unit * 2 ** (j / 4)`` for odd ``j``, so
+    never on the x2 or x4 grids of ``default_sizes`` nor halfway between their sizes in log size.
+
+    Between the latency floor and the bandwidth line the real curve bends over an octave or two
+    (on a link shaped with ``tbf``, as the all-reduce outgrows the bucket), where the form's sharp
+    corner cuts it: at 1 Gbit/s 45 KiB measured 394 us, the form fitted on x2 sizes said 360 (32 KiB
+    239 us on the floor, 64 KiB 530 on the line; 2026-11-25). The form stays fitted to the grid; the
+    measured times at these sizes correct it through ``residual_ratios``."""
+    _, b, floor, _ = fit
+    if b <= 0 or floor <= 0:
+        return []
+    c = floor / b
+    j_lo = int(np.ceil(4 * np.log2(max(KNEE_WINDOW[0] * c, 1.0) / unit)))
+    j_hi = int(np.floor(4 * np.log2(KNEE_WINDOW[1] * c / unit)))
+    out = [round(unit * 2 ** (j / 4)) for j in range(j_lo, j_hi + 1) if j % 2]
+    return [x for x in out if lo < x <= hi]
+
+
 def residual_ratios(
-    sizes: np.ndarray, times_us: np.ndarray, fit: tuple[float, float, float, float], keep: np.ndarray
+    sizes: np.ndarray,
+    times_us: np.ndarray,
+    fit: tuple[float, float, float, float],
+    keep: np.ndarray,
+    knee_pts: tuple[Sequence[int], Sequence[float]] = ((), ()),
 ) -> tuple[list[int], list[float]]:
     """Where the fitted form misses the measured times by a few percent, the measurement itself:
     ``(sizes, measured / fitted)`` at the sizes the fit kept, with ratio 1 below ``RESIDUAL_FROM_KNEE``
@@ -363,13 +399,25 @@ def residual_ratios(
     scheduler a share of the all-reduces of up to tens of milliseconds waits for a 4 ms tick (64 KiB
     at 1 Gbit/s: 1.5 ms in one run, 2.0 ms in the next): there the form, fitted across several sizes,
     averages that noise and is kept as it is. A size the fit left out as noisy gets no ratio
-    of its own (its neighbours' are interpolated)."""
+    of its own (its neighbours' are interpolated).
+
+    ``knee_pts``: ``(sizes, times)`` measured around the knee (``knee_sizes``). Where there are
+    any, every size within ``KNEE_WINDOW`` times the knee, theirs and the fit's own (kept or not),
+    gets its measured ratio: there the form's corner, not noise, is what misses."""
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(times_us, dtype=float)
     a, b, floor, b0 = fit
     c = floor / b if b > 0 else 0.0
     fitted = knee_us(s, a, b, floor, b0)
     ratio = np.where((s >= RESIDUAL_FROM_KNEE * c) & (fitted >= RESIDUAL_MIN_US), t / fitted, 1.0)
+    ks, kt = np.asarray(knee_pts[0], dtype=float), np.asarray(knee_pts[1], dtype=float)
+    if ks.size:
+        near = (s >= KNEE_WINDOW[0] * c) & (s <= KNEE_WINDOW[1] * c)
+        ratio = np.where(near, t / fitted, ratio)
+        keep = keep | near
+        s = np.concatenate([s, ks])
+        ratio = np.concatenate([ratio, kt / knee_us(ks, a, b, floor, b0)])
+        keep = np.concatenate([keep, np.ones(ks.size, dtype=bool)])
     order = np.argsort(s[keep], kind="stable")
     return [int(x) for x in s[keep][order]], [float(x) for x in ratio[keep][order]]
 
@@ -541,6 +589,14 @@ def calibrate_interleaved(
 
     def go(n: Any) -> list[tuple[list[str], list[list[str]]]]:
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
+        if launches > 1:  # the further launches also measure sizes around the first launch's knee
+            for i, ((sizes, args, small, small_args), first) in enumerate(zip(runs, firsts, strict=True)):
+                med = [round_mean(r) for r in json.loads(first[0].strip().splitlines()[-1])["rounds_us"]]
+                fit, _ = _fit_knee_kept(np.array(sizes, dtype=float), np.array(med))
+                extra = [x for x in knee_sizes(fit, min(sizes), LAUNCH_MAX_BYTES) if x not in sizes]
+                if extra:
+                    small = sorted(small + extra)
+                    runs[i] = (sizes, args, small, [*small_args[:3], ",".join(map(str, small)), *small_args[4:]])
         more: list[list[list[str]]] = [[] for _ in runs]
         for _ in range(launches - 1):
             for i, (_, _, small, small_args) in enumerate(runs):
@@ -586,6 +642,8 @@ def _built(
     if realtime and not data.get("realtime"):
         notes.append(f"real-time scheduling refused ({data.get('sched_error')}): measured with the default scheduler")
     med = [round_mean(r) for r in data["rounds_us"]]
+    knee_s: list[int] = []
+    knee_t: list[float] = []
     if more:  # per size up to LAUNCH_MAX_BYTES: the median over the launches
         by_size: dict[int, list[float]] = {s: [] for s in small}
         for o in more:
@@ -593,8 +651,11 @@ def _built(
                 by_size[s].append(round_mean(r))
         med = [float(statistics.median([m, *by_size[s]])) if s in by_size else m
                for s, m in zip(sizes, med, strict=True)]  # fmt: skip
+        knee_s = [s for s in small if s not in sizes]  # ``knee_sizes``: measured in the further launches only
+        knee_t = [float(statistics.median(by_size[s])) for s in knee_s]
     (a, b, floor, b0), kept = _fit_knee_kept(np.array(sizes), np.array(med))
-    res_sizes, res_ratio = residual_ratios(np.array(sizes), np.array(med), (a, b, floor, b0), kept)
+    res_sizes, res_ratio = residual_ratios(np.array(sizes), np.array(med), (a, b, floor, b0), kept,
+                                           (knee_s, knee_t))  # fmt: skip
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) >= 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
@@ -612,7 +673,8 @@ def _built(
         p2p_sizes_bytes=pp_sizes if p2p else [], p2p_oneway_us=[o for o, _ in p2p],
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
         post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
-        residual_sizes_bytes=res_sizes, residual_ratio=res_ratio,
+        residual_sizes_bytes=res_sizes, residual_ratio=res_ratio, knee_sizes_bytes=knee_s,
+        knee_measured_us=knee_t,
     )  # fmt: skip
 
 
