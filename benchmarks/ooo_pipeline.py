@@ -1,6 +1,6 @@
 """Every pipeline schedule on 2 processes, 4/8/16 microbatches: predicted vs measured, and the ranking.
 
-    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts x 3 passes, 16 steps, ~10 min
+    python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts x 5 passes, 16 steps, ~14 min
     python benchmarks/ooo_pipeline.py --quick   # 3 schedules at M=4, ~1 min
 
 Runs ``trainsim.validate.pipeline.run_pipeline_validation`` (transformer with 6 blocks, batch 32,
@@ -30,7 +30,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--passes", type=int, default=3, help="measurements per configuration (median)")
+    ap.add_argument("--passes", type=int, default=5, help="measurements per configuration (median)")
     args = ap.parse_args()
     from trainsim.validate.pipeline import FULL, QUICK, run_pipeline_validation
 
