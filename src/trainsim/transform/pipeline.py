@@ -236,6 +236,8 @@ def choose_split(
     if math.comb(n_layers - 1, n_stages - 1) <= SPLIT_ENUMERATE_MAX:
         for cuts in itertools.combinations(range(1, n_layers), n_stages - 1):
             cand = [b - a for a, b in itertools.pairwise((0, *cuts, n_layers))]
+            if cand == list(start):  # scored above
+                continue
             v = score(cand)
             if v < best_v - 1e-9:
                 best, best_v = cand, v
