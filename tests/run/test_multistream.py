@@ -162,6 +162,27 @@ def test_host_bound_and_device_bound_steps() -> None:
     assert predict_multistream(prof, 4, None) == pytest.approx(one)  # one stream: nothing co-runs
 
 
+def test_the_second_stream_s_host_work_is_added_to_two_stream_steps_only() -> None:
+    """``host_two_streams_extra_us`` (the runner's events and stream bookkeeping, ``profile_streams`` on a
+    GPU) lengthens a host-bound two-stream step by that much per step; one stream is untouched."""
+    prof = _fake(dev=10.0, host=100.0)
+    smap = [("BWD", i) for i in range(3)]
+    one, two = predict_multistream(prof, 4, None), predict_multistream(prof, 4, smap)
+    prof.by_batch[4]["host_two_streams_extra_us"] = 250.0
+    assert predict_multistream(prof, 4, None) == pytest.approx(one)
+    assert predict_multistream(prof, 4, smap) == pytest.approx(two + 0.25)
+
+
+def test_two_stream_host_time_runs_on_the_cpu() -> None:
+    """The runner's two-stream host timing is the median of free-running steps (on a CPU: no streams,
+    the split order's plain host time)."""
+    from trainsim.models.zoo import ZooSpec
+    from trainsim.run.multistream import two_stream_host_us
+
+    us = two_stream_host_us("mlp", ZooSpec(batch_size=8, width=32), torch.device("cpu"), reps=3, warmup=1)
+    assert 0.0 < us < 1e6
+
+
 def test_predictions_from_the_recorded_h100_profiles() -> None:
     """The H100 profiles that ``benchmarks/ooo_multistream_gpu.py`` recorded (docs/benchmarks/
     multistream_h100.json) still give the predictions recorded beside them: the simulator's side of

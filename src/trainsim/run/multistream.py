@@ -439,7 +439,9 @@ def profile_streams(
     B+W), ``opt_us`` from the single-stream mode; ``fwd_split_us``, ``bwd_input_us``,
     ``bwd_weight_us``, ``opt_split_us`` from the split mode (W issued on the main stream here); each
     with a ``host_`` twin. The batch entry has ``loss_us`` / ``host_loss_us`` and
-    ``host_other_us`` / ``host_other_split_us``, the step's host time outside the phases.
+    ``host_other_us`` / ``host_other_split_us``, the step's host time outside the phases; on a GPU also
+    ``host_two_streams_extra_us``, what the runner's second stream adds to a split step's host time
+    (``two_stream_host_us``), and ``stream_corun_factor`` (``corun_factor``).
 
     Each repetition runs bursts of ``BURST`` steps back to back, probed and plain (no probes), the
     first step of a burst not kept. Device times come from bursts behind a sleep kernel (events on
@@ -551,11 +553,50 @@ def profile_streams(
         if mode == "fused":
             entry["loss_us"], entry["host_loss_us"] = round(loss[1] * scale, 2), round(loss[0], 2)
     if cuda:
+        # the split mode above ran on one stream (per-phase device times need it); on two streams the
+        # runner also records and waits on events and marks tensors for the side stream, per layer
+        two = two_stream_host_us(model, spec, dev, reps=reps, warmup=warmup)
+        entry["host_step_two_streams_us"] = round(two, 2)
+        entry["host_two_streams_extra_us"] = round(max(0.0, two - whole["split"][0]), 2)
         entry["stream_corun_factor"] = round(corun_factor(model, spec, dev, reps=max(3, reps // 3)), 4)
         if progress is not None:
             progress(f"{model} batch {batch_size}: co-run factor {entry['stream_corun_factor']}")
     where = torch.cuda.get_device_name(dev) if cuda else f"{platform.machine()} CPU"
     return LayerProfile(model, torch.get_num_threads(), reps, where, {batch_size: entry})
+
+
+def two_stream_host_us(model: str, spec: Any, device: Any, *, reps: int = 20, warmup: int = 5) -> float:
+    """Host time (µs) of one step of the two-stream runner (every W right after its B), the median of
+    free-running steps as ``profile_streams`` reads the other modes' (bursts of ``BURST``, the first of
+    each not kept). On a GPU the side stream costs host work of its own that the one-stream split
+    profile does not see: events recorded and waited on per layer, ``record_stream`` on each captured
+    tensor, the stream switch (on an H100, 2026-11-26: the two-stream order was measured 13-22 % above
+    a prediction without it on the host-bound cases, docs/ooo.md)."""
+    import torch
+
+    from trainsim.models.zoo import build_with_batches
+
+    net, batches = build_with_batches(model, seed=0, spec=spec)
+    net = net.to(device)
+    n = len(list(net.children()))
+    tr = TwoStreamTrainer(net, [("BWD", i) for i in range(n)])
+    data = [tuple(t.to(device) for t in batches(s)) for s in range(4)]
+    host: list[float] = []
+    for rep in range(warmup + reps):
+        _sync(device)
+        starts = []
+        for k in range(BURST):
+            x, y = data[(rep * BURST + k) % len(data)]
+            starts.append(time.perf_counter())
+            tr.step(x, y)
+        starts.append(time.perf_counter())
+        _sync(device)
+        if rep >= warmup:
+            host += [1e6 * (b - a) for a, b in itertools.pairwise(starts)][1:]
+    del tr, net
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.empty_cache()
+    return float(statistics.median(host))
 
 
 def corun_factor(model: str, spec: Any, device: Any, *, reps: int = 5, steps: int = 2) -> float:

@@ -348,6 +348,8 @@ def multistream_graph(
             deferred.setdefault(j, []).append(i)
     for step in range(steps):
         other = float(entry.get("host_other_split_us" if split else "host_other_us", 0.0))
+        if split:  # the events and stream bookkeeping of the second stream (``profile_streams`` on a GPU)
+            other += float(entry.get("host_two_streams_extra_us", 0.0))
         if with_host and other > 0:
             last_host[:] = [b.task("issue:step", TaskKind.CPU, host, other, step=step, deps=last_host)]
         for i in range(n):
