@@ -141,3 +141,32 @@ def test_helper_thread_work_delays_the_compute_it_overlaps() -> None:
     res = simulate_with_host_cpu(g, np.zeros(g.n_tasks), helper_threads=("cpu:hook-callback",))
     assert res.end_us[nxt] - res.start_us[nxt] == pytest.approx(140.0, rel=1e-3)
     assert res.makespan_us == pytest.approx(240.0, rel=1e-3)
+
+
+def test_concentration_charges_the_slowest_rank_several_ranks_helper_work() -> None:
+    """Ranks sharing a host's cores: their helper threads run beside whichever compute thread shares
+    their core, and the step waits for that rank. ``concentration=c`` makes the compute tasks lose c
+    times what the rank's own helpers and transfers take; 1 is the default and leaves the replay as it
+    was; below 1 is refused."""
+    b = GraphBuilder("t")
+    main = b.resource("cpu:main", ResourceKind.CPU_THREAD)
+    cb = b.resource("cpu:hook-callback", ResourceKind.CPU_THREAD)
+    chan = b.resource("comm", ResourceKind.COMM_CHANNEL)
+    a = b.task("backward:a", TaskKind.CPU, main, 100.0)
+    b.task("decode", TaskKind.CPU, cb, 20.0, deps=[a])
+    b.task("allgather", TaskKind.COMM, chan, 200.0, deps=[a], size_bytes=1 << 20)
+    nxt = b.task("backward:b", TaskKind.CPU, main, 100.0)
+    g = b.build()
+    cpu = np.zeros(g.n_tasks)
+    cpu[g.kind == TaskKind.COMM] = 20.0  # a tenth of a core over the transfer's 200 us
+    helpers = ("cpu:hook-callback",)
+    own = simulate_with_host_cpu(g, cpu, helper_threads=helpers)
+    lost = own.end_us[nxt] - own.start_us[nxt] - 100.0
+    assert lost > 20.0  # the decode's 20 us, and some of the transfer's CPU
+    same = simulate_with_host_cpu(g, cpu, helper_threads=helpers, concentration=1.0)
+    assert same.end_us[nxt] == pytest.approx(own.end_us[nxt])
+    two = simulate_with_host_cpu(g, cpu, helper_threads=helpers, concentration=2.0)
+    assert two.end_us[nxt] - two.start_us[nxt] - 100.0 == pytest.approx(2 * lost, rel=0.05)
+    assert two.end_us[a] == pytest.approx(own.end_us[a])  # nothing overlaps the first task
+    with pytest.raises(ValueError, match="concentration"):
+        simulate_with_host_cpu(g, cpu, concentration=0.5)

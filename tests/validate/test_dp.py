@@ -271,3 +271,31 @@ def test_interleaved_run_keeps_ranks_in_sync(mode: str) -> None:
     assert len(marks) == 2 and all(len(r) == INTERLEAVE_ROUNDS for r in marks)
     per_rank = interleaved_corun(marks)
     assert all(len(r) >= INTERLEAVE_ROUNDS and all(t > 0 for t in r) for r in per_rank)
+
+
+def test_concentration_charges_the_transfers_cpu_of_every_rank_sharing_the_host() -> None:
+    """``predict_ms(concentration=c)``: an all-reduce's host CPU that overlaps backward costs the rank
+    that sets the step c ranks' worth; not with ``alone`` and not on top of the P3 runtime's measured
+    stretch, which already holds it."""
+    from tests.transform.test_dataparallel import _profile_like
+    from trainsim.transform.dataparallel import ParamInfo
+    from trainsim.validate.dp import _Profiled, predict_ms
+
+    g, _, layers = _profile_like()
+    mib = 1 << 20
+    # two 20 MiB gradients: two DDP buckets, the first one's all-reduce overlaps layer a's backward
+    params = [ParamInfo(name="a.w", layer="a", numel=5 * mib, size_bytes=20 * mib),
+              ParamInfo(name="b.w", layer="b", numel=5 * mib, size_bytes=20 * mib)]  # fmt: skip
+    prof = _Profiled(g, params, layers, 0, [20 * mib, 20 * mib], 1.0, 1.0, 1.0, g)
+    cfg = RunConfig(model="mlp", rate_mbit=100.0)
+
+    def pred(**kw: object) -> float:
+        return predict_ms(prof, cfg, lambda b: 40.0, cpu_us=lambda b: 20.0, **kw)  # type: ignore[arg-type]
+
+    one, two = pred(), pred(concentration=2.0)
+    assert two > one
+    assert pred(concentration=1.0) == one
+    p3 = RunConfig(model="mlp", rate_mbit=100.0, mode="p3")
+    stretched = [predict_ms(prof, p3, lambda b: 40.0, cpu_us=lambda b: 20.0, comm_thread_stretch=1.5,
+                            concentration=c) for c in (1.0, 2.0)]  # fmt: skip
+    assert stretched[0] == stretched[1]

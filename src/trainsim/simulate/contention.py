@@ -25,6 +25,12 @@ Model, both ways:
 * *ranks slow each other's computation* (graphs of several ranks on one host): a compute task runs
   ``f`` times slower while another rank's CPU thread computes, ``f`` being the measured co-run factor
   (copies of the training loop at once / alone): ``corun_extra_us``.
+* *the slowest rank absorbs the others' threads* (a graph of one rank standing for ranks that share
+  a host's cores): a rank's extra threads (gloo's, a hook's callback thread) and the kernel's network
+  work do not stay beside their own rank's compute thread; they run on whichever core is free of the
+  moment's other helpers, and a synchronous step waits for the rank whose compute thread they
+  landed beside. ``concentration`` ``c`` scales the time the compute tasks lose to them: ``c = 1``
+  charges each rank its own; ``c = world`` is every rank's helper work beside one compute thread.
 
 Stretching moves the schedule, so the replay is repeated with the new durations, each time from the
 original ones plus what the previous schedule implies (a fixed-point iteration, ``rounds`` times).
@@ -111,12 +117,13 @@ def comm_slowdown_column(g: TaskGraph, slowdown: Callable[[float], float]) -> F6
 
 def simulate_contended(
     g: TaskGraph, cpu_us: Callable[[float], float], slowdown: Callable[[float], float] | None = None,
-    *, helper_threads: tuple[str, ...] = (),
+    *, helper_threads: tuple[str, ...] = (), concentration: float = 1.0,
 ) -> SimResult:  # fmt: skip
     """``simulate_with_host_cpu`` with both columns derived from per-size functions (a calibration's
-    ``cpu_us`` and ``slowdown``); ``helper_threads``: see ``simulate_with_host_cpu``."""
+    ``cpu_us`` and ``slowdown``); ``helper_threads`` and ``concentration``: see ``simulate_with_host_cpu``."""
     sigma = None if slowdown is None else comm_slowdown_column(g, slowdown)
-    return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma, helper_threads=helper_threads)
+    return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma, helper_threads=helper_threads,
+                                  concentration=concentration)  # fmt: skip
 
 
 def corun_extra_us(start: F64, end: F64, resource: np.ndarray, victims: np.ndarray, factor: float) -> F64:
@@ -146,6 +153,7 @@ def simulate_with_host_cpu(
     busy_share: float = 1.0,
     corun_factor: float = 1.0,
     helper_threads: tuple[str, ...] = (),
+    concentration: float = 1.0,
 ) -> SimResult:
     """Replay ``g`` with communication tasks taking ``comm_cpu_us`` (per task; 0 for the rest) of host
     CPU from the compute threads they overlap, and running ``comm_slowdown`` times slower (per task,
@@ -158,7 +166,12 @@ def simulate_with_host_cpu(
     communication hook's decode on the thread that completes its future) are all host CPU work of the
     rank beside its compute thread: they take all of their time from the compute tasks they overlap.
     Where every core already computes (a rank per core, as on this 2-vCPU host with 2 ranks), a
-    second thread of a rank gets no core of its own: its work delays the rank's computation."""
+    second thread of a rank gets no core of its own: its work delays the rank's computation.
+    ``concentration`` (>= 1): how many ranks' worth of that lost time (transfers' CPU and helper threads)
+    the compute tasks of the rank that sets the step absorb; 1 where every rank has cores of its own,
+    the number of ranks where they share a host's cores (module docstring)."""
+    if not concentration >= 1.0:
+        raise ValueError(f"concentration={concentration!r}; expected >= 1")
     cpu = np.asarray(comm_cpu_us, dtype=np.float64)
     if cpu.shape != (g.n_tasks,):
         raise ValueError(f"comm_cpu_us has shape {cpu.shape}, expected ({g.n_tasks},)")
@@ -183,6 +196,8 @@ def simulate_with_host_cpu(
         if helpers.size:  # a helper thread's task is CPU work for all of its span, and takes all of it
             hs, he = res.start_us[helpers], res.end_us[helpers]
             dur += stretched_us(res.start_us, base, hs, he, np.ones(helpers.size), victims, cap=1.0) - base
+        if concentration > 1.0:  # the rank that sets the step loses ``concentration`` ranks' worth
+            dur = base + concentration * (dur - base)
         dur += corun_extra_us(res.start_us, res.end_us, g.resource, victims, corun_factor)
         # during the B us of its span in which the compute threads are busy, a transfer progresses at
         # 1/sigma of its speed: it lasts base + B (1 - 1/sigma)

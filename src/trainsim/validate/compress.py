@@ -177,7 +177,8 @@ def _predict_ms(
 
     if ccfg is None:
         dpc = DPRun(model=c.model, rate_mbit=link[0], delay_ms=link[1])
-        return predict_ms(prof, dpc, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown)
+        return predict_ms(prof, dpc, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
+                          concentration=float(dpc.world))  # fmt: skip
     ccfg = dataclasses.replace(ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms))
     p2p_us, p2p_us_per_byte = cal.p2p_line()
     g2 = compression(
@@ -185,8 +186,11 @@ def _predict_ms(
         cal.link, allreduce_time=cal.predict_us, allgather_time=cal.allgather_us, p2p=(p2p_us, p2p_us_per_byte),
         duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
     )  # fmt: skip
-    # the decodes on the future's thread: the rank's own CPU on a host whose cores the ranks fill
-    res = simulate_contended(g2, cal.cpu_us, cal.slowdown, helper_threads=(CALLBACK_THREAD,))
+    # the decodes on the future's thread: the rank's own CPU on a host whose cores the ranks fill; the
+    # ranks share this host's cores, so the rank that sets the step takes every rank's helper work
+    # (``concentration``, docs/compress.md)
+    res = simulate_contended(g2, cal.cpu_us, cal.slowdown, helper_threads=(CALLBACK_THREAD,),
+                             concentration=float(ccfg.world))  # fmt: skip
     return dp_step_ms(res.step_ms, "ddp")
 
 

@@ -390,6 +390,7 @@ def predict_ms(
     agree_us: float | None = None,
     straggler_wait_ms: float | None = None,
     comm_thread_stretch: float | None = None,
+    concentration: float = 1.0,
 ) -> float:
     """Predicted steady-state step time of ``cfg`` from the single-process profile (``mode`` overrides
     ``cfg.mode``, e.g. ``"bytescheduler"``, which has a model but no runtime here; ``alone``: without the
@@ -401,7 +402,9 @@ def predict_ms(
     ``AgreeProbe.straggler_ms``; ``comm_thread_stretch``: how much slower the ranks compute while the
     P3 runtime's communication thread works (``AgreeProbe.stretch``, s >= 1): each slice then takes a
     share ``1 - 1/s`` of the host from the computation it overlaps, where that exceeds the calibrated
-    CPU of the transfer)."""
+    CPU of the transfer); ``concentration``: how many ranks' worth of the transfers' host CPU the rank
+    that sets the step loses (``simulate.contention``): the number of ranks where they share this
+    host's cores; not applied on top of a measured ``comm_thread_stretch``, which already holds it."""
     from dataclasses import replace
 
     from trainsim.simulate.contention import simulate_contended
@@ -430,7 +433,9 @@ def predict_ms(
         def cpu_us(b: float) -> float:
             return max(calibrated(b), share * (comm_us(b) + round_us))
 
-    res = simulate(g) if cpu_us is None else simulate_contended(g, cpu_us, slowdown)
+    stretched = m == "p3" and comm_thread_stretch is not None and comm_thread_stretch > 1
+    conc = 1.0 if alone or stretched else concentration
+    res = simulate(g) if cpu_us is None else simulate_contended(g, cpu_us, slowdown, concentration=conc)
     return dp_step_ms(res.step_ms, m)
 
 
@@ -470,7 +475,8 @@ def _one_pass(
     pred = predict_ms(prof, c, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
                       agree_us=None if agree is None else agree.round_us,
                       straggler_wait_ms=None if agree is None else agree.straggler_ms,
-                      comm_thread_stretch=None if agree is None else agree.stretch)  # fmt: skip
+                      comm_thread_stretch=None if agree is None else agree.stretch,
+                      concentration=float(c.world))  # fmt: skip
     pred_alone = predict_ms(prof, c, cal.predict_us, alone=True)
     res = RunResult(
         c, pred, float(statistics.median(meas)), meas,
