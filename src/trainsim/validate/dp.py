@@ -427,14 +427,15 @@ def predict_ms(
         comm_us=lambda b: comm_us(b) + round_us,
         broadcast_us=lambda b: comm_us(b) / 2,  # two ranks: one message instead of the ring's two steps
     )  # fmt: skip
-    if cpu_us is not None and m == "p3" and comm_thread_stretch is not None and comm_thread_stretch > 1 and not alone:
-        share, calibrated = 1.0 - 1.0 / comm_thread_stretch, cpu_us
+    # the P3 runtime's stretch as measured while it trained, where it applies
+    stretch = comm_thread_stretch if m == "p3" and not alone and (comm_thread_stretch or 0.0) > 1 else None
+    if cpu_us is not None and stretch is not None:
+        share, calibrated = 1.0 - 1.0 / stretch, cpu_us
 
         def cpu_us(b: float) -> float:
             return max(calibrated(b), share * (comm_us(b) + round_us))
 
-    stretched = m == "p3" and comm_thread_stretch is not None and comm_thread_stretch > 1
-    conc = 1.0 if alone or stretched else concentration
+    conc = 1.0 if alone or stretch is not None else concentration
     res = simulate(g) if cpu_us is None else simulate_contended(g, cpu_us, slowdown, concentration=conc)
     return dp_step_ms(res.step_ms, m)
 
