@@ -65,3 +65,19 @@ def test_scaleout_on_a_real_profile(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = json.loads(capsys.readouterr().out)
     # 0.52 MB of gradients over 1 Gbit/s adds at least ~4 ms to a step
     assert out["ranks"] == 2 and out["predicted_ms"] > out["single_ms"] + 3
+
+
+def test_scaleout_gloo_runs_the_buckets_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainsim.capture.profile import ProfileConfig, profile
+
+    # the mlp has two buckets (4.24 and 5.25 MB); the second is ready long before the first is sent
+    trace = profile(ProfileConfig(model="mlp", steps=3, warmup=1, out=str(tmp_path / "mlp.json.gz")))
+    body = 'nodes = 2\ndevice = "this-cpu"\ninter_link = "eth-1g"\n'
+    got = {}
+    for backend in ("nccl", "gloo"):
+        assert main(["scaleout", str(trace), "--cluster", str(_cluster(tmp_path, body)), "--backend", backend, "--json"]) == 0
+        got[backend] = json.loads(capsys.readouterr().out)
+    assert got["gloo"]["backend"] == "gloo"
+    # the chain ends as one all-reduce of both: one ring's latency less than two in a row
+    assert got["gloo"]["predicted_ms"] < got["nccl"]["predicted_ms"]
+    assert main(["scaleout", str(trace), "--cluster", str(_cluster(tmp_path, body)), "--backend", "mpi"]) == 2

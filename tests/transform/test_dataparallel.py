@@ -14,6 +14,7 @@ from trainsim.simulate.engine import simulate
 from trainsim.transform.dataparallel import (
     DPConfig,
     ParamInfo,
+    chained_bucket_us,
     data_parallel,
     ddp_buckets,
     dp_step_ms,
@@ -150,3 +151,35 @@ def test_host_overhead_delays_the_last_bucket() -> None:
     assert sum(dp.task_name(t) == "ddp:host-overhead" for t in range(dp.n_tasks)) == 3
     with pytest.raises(UserError, match="host_overhead_us"):
         DPConfig(world=2, host_overhead_us=-1.0)
+
+
+def test_chained_buckets_end_as_one_all_reduce_of_their_bytes() -> None:
+    def comm(n: int) -> float:
+        return 60.0 + n / 1000
+
+    # the second is ready (at 50) while the first (0..160) is in flight: it takes comm(200k) - comm(100k);
+    # the third is ready at 500, after the chain ended at 260: on its own
+    assert chained_bucket_us([0.0, 50.0, 500.0], [100_000, 100_000, 100_000], comm) == pytest.approx([160.0, 100.0, 160.0])
+    # a chain of three: each after the first pays its bytes only
+    assert chained_bucket_us([0.0, 1.0, 2.0], [1000, 2000, 3000], comm) == pytest.approx([61.0, 2.0, 3.0])
+    assert chained_bucket_us([], [], comm) == []
+
+
+def test_lanes_chain_ddp_buckets_in_flight_together() -> None:
+    g, params, layers = _profile_like()
+
+    def comm(n: int) -> float:
+        return 60.0 + n / (64 * 1024)  # 2 MiB: 92 us
+
+    one = simulate(data_parallel(g, params, layers, DPConfig(world=2), comm_us=comm))
+    dp = data_parallel(g, params, layers, DPConfig(world=2, lanes=2), comm_us=comm)
+    two = simulate(dp)
+    # b ready at 41 -> bucket0 41..133; a ready at 62, in flight with it -> 32 us more (its bytes alone),
+    # not 92: 133..165, optimizer 165..170 (one lane: 133..225, 225..230)
+    assert one.step_ms[:-1] * 1e3 == pytest.approx([230.0, 230.0])
+    assert two.step_ms[:-1] * 1e3 == pytest.approx([170.0, 170.0])
+    # buckets that do not overlap keep their own time
+    fast = simulate(data_parallel(g, params, layers, DPConfig(world=2, lanes=2), comm_us=lambda n: 10.0))
+    assert fast.step_ms[:-1] * 1e3 == pytest.approx([77.0, 77.0])
+    with pytest.raises(UserError, match="lanes"):
+        DPConfig(world=2, lanes=0)

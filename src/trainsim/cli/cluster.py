@@ -103,10 +103,14 @@ def calibrate(
 @click.option("--ranks", type=int, default=None, help="data-parallel ranks (default: the whole cluster)")
 @click.option("--mode", type=click.Choice(["ddp", "p3", "bytescheduler"]), default="ddp", show_default=True)
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP bucket cap, MiB")
+@click.option(
+    "--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True,
+    help="process group: nccl all-reduces DDP's buckets one after another, gloo two at once",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def scaleout(
     trace: str, cluster_file: str | None, calibration: str | None, ranks: int | None, mode: str, bucket_mb: float,
-    as_json: bool,
+    backend: str, as_json: bool,
 ) -> None:
     """Predict the data-parallel step time of a single-process trace on a cluster."""
     from trainsim.capture.profile import sidecar_path
@@ -137,11 +141,12 @@ def scaleout(
         raise UserError(f"{trace}: no such trace")
     params, layers = read_params(sidecar_path(trace))
     g = load_trace(trace)
-    cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb)
+    cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb, lanes=2 if backend == "gloo" else 1)
     dp = data_parallel(g, params, layers, cfg, comm_us=lambda b: model_us("allreduce", b, spec, n))
     single = dp_step_ms(simulate(g).step_ms, "ddp")  # the same statistic (median step) as the prediction
     step = dp_step_ms(simulate(dp).step_ms, mode)
-    out = {"trace": trace, "cluster": spec.describe(), "ranks": n, "mode": mode, "single_ms": round(single, 3),
+    out = {"trace": trace, "cluster": spec.describe(), "ranks": n, "mode": mode, "backend": backend,
+           "single_ms": round(single, 3),
            "predicted_ms": round(step, 3), "gradient_bytes": sum(q.size_bytes for q in params)}  # fmt: skip
     if as_json:
         click.echo(json.dumps(out))

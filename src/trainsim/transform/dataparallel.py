@@ -16,7 +16,9 @@ What it builds, per training step of the trace (PyTorch DDP, ``torch/nn/parallel
 2. **Gradient ready points**: the trace's ``AccumulateGrad`` evaluations, attributed to the layer
    whose backward op ran just before them (the last backward task of the layer if there are none).
 3. **All-reduce per bucket** on a communication channel (``COMM_CHANNEL`` resource), after the ready
-   point of every layer in the bucket, in bucket order; its duration is ``comm_us(bucket bytes)``.
+   point of every layer in the bucket, in bucket order; its duration is ``comm_us(bucket bytes)``, or,
+   where the process group runs collectives concurrently (``DPConfig.lanes`` > 1, gloo), the share of
+   its chain of overlapping buckets (``chained_bucket_us``).
 4. **Optimizer step after the last bucket**: the first ``Optimizer.step`` task waits for every bucket.
 5. Optional **buffer broadcast** before each forward (DDP's ``broadcast_buffers``, BatchNorm stats).
 
@@ -84,6 +86,11 @@ class DPConfig:
     """buffer bytes DDP broadcasts before each forward (0: none)"""
     channel: str = "comm:dp"
     """name of the communication resource"""
+    lanes: int = 1
+    """collectives the process group runs at once: 1 as on NCCL (one stream per group, buckets one after
+    another); gloo's process group runs 2 (two worker threads). With more than one, DDP buckets that
+    become ready while the one before is still in flight share the link with it, and such a chain
+    takes as long as one all-reduce of its bytes together (``chained_bucket_us``)"""
     host_overhead_us: float = 0.0
     """the data-parallel runtime's own host work per step (DDP: autograd hooks, copies into and out of
     the buckets; P3: slicing, the communication thread, per-layer updates; measured by
@@ -99,6 +106,8 @@ class DPConfig:
             raise UserError(f"data parallel: mode={self.mode!r}; expected one of {', '.join(MODES)}")
         if self.slice_bytes <= 0 or self.partition_bytes <= 0 or self.credit < 1:
             raise UserError("data parallel: slice_bytes, partition_bytes and credit must be positive")
+        if not isinstance(self.lanes, int) or self.lanes < 1:
+            raise UserError(f"data parallel: lanes={self.lanes!r}; expected a positive number of collectives at once")
         if not self.host_overhead_us >= 0:
             raise UserError(f"data parallel: host_overhead_us={self.host_overhead_us!r}; expected >= 0")
 
@@ -243,6 +252,35 @@ def _pieces(nbytes: int, piece: int) -> list[int]:
     return [base + (1 if i < nbytes - base * k else 0) for i in range(k)]
 
 
+def chained_bucket_us(
+    ready_us: Sequence[float], sizes_bytes: Sequence[int], comm_us: Callable[[int], float]
+) -> list[float]:
+    """Durations of the DDP buckets of one step where the process group runs collectives concurrently
+    (gloo): a bucket that becomes ready (``ready_us``, in the profile's time) while the one before is
+    still in flight joins its chain and takes ``comm_us(chain bytes with it) - comm_us(chain bytes
+    before it)``, so that the chain ends as one all-reduce of all its bytes would; a bucket ready
+    after the one before ended starts a new chain at ``comm_us(its bytes)``. Queued on one FIFO
+    channel with these durations, the last bucket of a chain ends when the link has drained the
+    chain's bytes; each bucket's own start-up and tail overlap the other's transfer.
+
+    Why: gloo's two worker threads run DDP's buckets at once. On the mlp (buckets of 4.24 and 5.25 MB,
+    2 processes, 20 Mbit/s, 2026-11-26) a hook's timestamps showed both all-reduces start within 6 ms
+    and end together; the two alone took 2037-2282 and 2546-2597 ms (medians of 4), one after the
+    other 4464-4617, both at once 4236-4267, one all-reduce of their 9.49 MB 4396-4436."""
+    out: list[float] = []
+    end, chain = -math.inf, 0
+    for ready, n in zip(ready_us, sizes_bytes, strict=True):
+        if ready < end:  # in flight together with the chain before it
+            t = comm_us(chain + n) - comm_us(chain)
+            chain += n
+        else:
+            t, chain = comm_us(n), n
+        t = max(t, 0.0)
+        end = max(ready, end) + t
+        out.append(t)
+    return out
+
+
 def data_parallel(
     g: TaskGraph,
     params: Sequence[ParamInfo],
@@ -274,6 +312,7 @@ def data_parallel(
     deps: list[list[int]] = []  # tasks that must finish before each new comm task
     waits: list[list[int]] = []  # tasks that must wait for each new comm task
     bcast = broadcast_us or comm_us
+    alone_end: np.ndarray | None = None
     for si, a in enumerate(anchors):
         base = float(a.step) * 1e6
         nxt = anchors[si + 1] if si + 1 < len(anchors) else None
@@ -299,10 +338,20 @@ def data_parallel(
                 [q.size_bytes for q in params], grad_order,
                 cap_bytes=int(cfg.bucket_cap_mb * 1024 * 1024), first_cap_bytes=cfg.first_bucket_bytes,
             )  # fmt: skip
+            nbytes_of = [sum(params[i].size_bytes for i in idx) for idx in buckets]
+            if cfg.lanes > 1:  # when each bucket is ready: the single process's replay
+                if alone_end is None:
+                    from trainsim.simulate.engine import simulate
+
+                    alone_end = simulate(g).end_us
+                ready_at = [max(float(alone_end[a.ready[params[i].layer]]) for i in idx) for idx in buckets]
+                bucket_us = chained_bucket_us(ready_at, nbytes_of, comm_us)
+            else:
+                bucket_us = [comm_us(n) for n in nbytes_of]
             for b, idx in enumerate(buckets):
-                nbytes = sum(params[i].size_bytes for i in idx)
+                nbytes = nbytes_of[b]
                 names.append(f"allreduce:bucket{b}")
-                dur.append(comm_us(nbytes))
+                dur.append(bucket_us[b])
                 order.append(base + 1 + b)
                 steps.append(a.step)
                 lay.append(None)
