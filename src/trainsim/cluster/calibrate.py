@@ -683,6 +683,13 @@ LAUNCH_MAX_BYTES = 256 << 10  # sizes measured in every launch when ``calibrate(
 MAX_REPS = 2000  # sub-millisecond sizes: enough repetitions to fill the budget (0.3 s)
 ROUND_MAX_S = 0.05  # sizes whose all-reduce takes longer are measured in the first round only
 CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
+P2P_MIN_REPS = 10
+"""repetitions of the one-way send and of the exchange both ways at once, at least (``duplex_factor``).
+On a shaped link the exchange is bimodal, each direction's ACKs queueing behind the other's data:
+at 20 Mbit/s ten exchanges of 256 KiB took 218 ms six times, twice the one-way 109 ms (every one of
+ten within 1 ms of it), and 118-180 ms four times (2026-11-26); with the 3-5 that the time budget
+gave at 20 Mbit/s, the factor read 1.59-2.00 in six calibrations of one morning, and the SeCoPa plan's
+two owners exchanging at once were predicted -6.7 % with 1.66 and +13.4 % with 2.00."""
 ALONE_S = 0.2  # windows of computation alone around the all-reduces of the CPU pass
 
 
@@ -937,7 +944,8 @@ def _worker(
     for size in pp_sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
         y = torch.empty_like(x)
-        p2p.append([_measure(partial(_p2p_ops, x, y, exchange=ex), reps, budget_s / 2) for ex in (False, True)])
+        p2p.append([_measure(partial(_p2p_ops, x, y, exchange=ex), max(reps, P2P_MIN_REPS), budget_s / 2)
+                    for ex in (False, True)])  # fmt: skip
     ps: list[list[list[float]]] = []  # the parameter-server primitives at the same sizes: gather, broadcast
     for size in pp_sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
