@@ -212,8 +212,10 @@ class Calibration:
     def duplex_factor(self) -> float:
         """How much longer a transfer takes when the link carries one the other way at the same time:
         exchange / one-way time, averaged over the sizes of at least 256 KiB (in [1, 2]; 1 if not
-        measured). 1 is a full-duplex link, 2 one whose directions share one capacity. TCP over a shaped
-        link lands in between: each direction's ACKs queue behind the other direction's data."""
+        measured). 1 is a full-duplex link, 2 one whose directions share one capacity. gloo on a shaped
+        full-duplex link lands in between: in a share of the exchanges its "ready" message for the
+        peer's send queues behind the rank's own payload (docs/cluster.md); at least
+        ``P2P_MIN_REPS`` of each, since single exchanges take either about 1x or 2x."""
         pairs = [(e, o) for s, e, o in zip(self.p2p_sizes_bytes, self.p2p_exchange_us, self.p2p_oneway_us, strict=False)
                  if s >= 256 << 10 and o > 0]  # fmt: skip
         if not pairs:
@@ -685,8 +687,8 @@ ROUND_MAX_S = 0.05  # sizes whose all-reduce takes longer are measured in the fi
 CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
 P2P_MIN_REPS = 10
 """repetitions of the one-way send and of the exchange both ways at once, at least (``duplex_factor``).
-On a shaped link the exchange is bimodal, each direction's ACKs queueing behind the other's data:
-at 20 Mbit/s ten exchanges of 256 KiB took 218 ms six times, twice the one-way 109 ms (every one of
+On a shaped link the exchange is bimodal (gloo's "ready" message for the peer's send queues behind
+the rank's own payload in a share of the calls, docs/cluster.md): at 20 Mbit/s ten exchanges of 256 KiB took 218 ms six times, twice the one-way 109 ms (every one of
 ten within 1 ms of it), and 118-180 ms four times (2026-11-26); with the 3-5 that the time budget
 gave at 20 Mbit/s, the factor read 1.59-2.00 in six calibrations of one morning, and the SeCoPa plan's
 two owners exchanging at once were predicted -6.7 % with 1.66 and +13.4 % with 2.00."""
