@@ -146,8 +146,8 @@ def scaleout(
     single = dp_step_ms(simulate(g).step_ms, "ddp")  # the same statistic (median step) as the prediction
     step = dp_step_ms(simulate(dp).step_ms, mode)
     out = {"trace": trace, "cluster": spec.describe(), "ranks": n, "mode": mode, "backend": backend,
-           "single_ms": round(single, 3),
-           "predicted_ms": round(step, 3), "gradient_bytes": sum(q.size_bytes for q in params)}  # fmt: skip
+           "single_ms": round(single, 3), "predicted_ms": round(step, 3),
+           "gradient_bytes": sum(q.size_bytes for q in params)}  # fmt: skip
     if as_json:
         click.echo(json.dumps(out))
         return

@@ -688,10 +688,11 @@ CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the
 P2P_MIN_REPS = 10
 """repetitions of the one-way send and of the exchange both ways at once, at least (``duplex_factor``).
 On a shaped link the exchange is bimodal (gloo's "ready" message for the peer's send queues behind
-the rank's own payload in a share of the calls, docs/cluster.md): at 20 Mbit/s ten exchanges of 256 KiB took 218 ms six times, twice the one-way 109 ms (every one of
-ten within 1 ms of it), and 118-180 ms four times (2026-11-26); with the 3-5 that the time budget
-gave at 20 Mbit/s, the factor read 1.59-2.00 in six calibrations of one morning, and the SeCoPa plan's
-two owners exchanging at once were predicted -6.7 % with 1.66 and +13.4 % with 2.00."""
+the rank's own payload in a share of the calls, docs/cluster.md): at 20 Mbit/s ten exchanges of
+256 KiB took 218 ms six times, twice the one-way 109 ms (all ten one-way sends within 1 ms of it),
+and 118-180 ms four times (2026-11-26). With the 3-5 that the time budget gave at 20 Mbit/s, the
+factor read 1.59-2.00 in six calibrations of one morning, and the SeCoPa plan, whose two owners
+exchange at once, was predicted -6.7 % with 1.66 and +13.4 % with 2.00."""
 ALONE_S = 0.2  # windows of computation alone around the all-reduces of the CPU pass
 
 
