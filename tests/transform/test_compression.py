@@ -111,6 +111,23 @@ def test_ps_scheme_blocks_the_main_thread() -> None:
     assert res.step_ms[0] > 0 and simulate(fast).step_ms[0] > 0
 
 
+def test_ddp_finalize_follows_the_last_decode() -> None:
+    """DDP's copy of the buckets back into the gradients waits for the last bucket's future, decode
+    included: the timeline of ``test_allgather_timeline_by_hand`` with 30 us of DDP's work, 12 of them
+    after the decodes."""
+    g, params, layers = _profile()
+    cfg = CompressConfig(algorithm="onebit", host_overhead_us=30.0, finalize_us=12.0)
+    out = compression(g, params, layers, SHAPES, cfg, _cost(), LINK)
+    res = simulate(out)
+    # 18 us before a's AccumulateGrad move encode a to 90-100, but the link is busy until 1051 anyway;
+    # decode a 2051-2061, finalize 2061-2073, optimizer 2073-2078
+    assert res.step_ms[0] * 1e3 == pytest.approx(2078.0)
+    fin = [t for t in np.flatnonzero(out.step == 0) if out.task_name(int(t)) == "ddp:finalize"]
+    assert len(fin) == 1 and res.start_us[fin[0]] == pytest.approx(2061.0)
+    with pytest.raises(UserError, match="finalize_us"):
+        CompressConfig(algorithm="onebit", host_overhead_us=10.0, finalize_us=-1.0)
+
+
 def test_bad_config() -> None:
     with pytest.raises(UserError, match="scheme"):
         CompressConfig(algorithm="onebit", scheme="tree")

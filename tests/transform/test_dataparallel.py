@@ -153,6 +153,32 @@ def test_host_overhead_delays_the_last_bucket() -> None:
         DPConfig(world=2, host_overhead_us=-1.0)
 
 
+def test_finalize_follows_the_last_collective() -> None:
+    """DDP copies the reduced buckets back into the gradients once the last one is done: that part
+    of its own work (``finalize_us``) runs after the last all-reduce, before the optimizer, and the
+    rest keeps its place before the input-most gradient."""
+    g, params, layers = _profile_like()
+    # 30 us of DDP's work, 12 of it after the collectives: a's backward ends at 61, 18 us of work, its
+    # AccumulateGrad: a ready at 80 -> bucket1 (100 us) 141..241 behind bucket0 41..141 -> finalize
+    # 241..253 -> optimizer 253..258 (without the split the 30 us hide behind bucket0: 246)
+    cfg = DPConfig(world=2, host_overhead_us=30.0, finalize_us=12.0)
+    dp = data_parallel(g, params, layers, cfg, comm_us=lambda n: 100.0)
+    res = simulate(dp)
+    assert res.step_ms[:-1] * 1e3 == pytest.approx([258.0, 258.0])
+    whole = simulate(data_parallel(g, params, layers, DPConfig(world=2, host_overhead_us=30.0),
+                                   comm_us=lambda n: 100.0))  # fmt: skip
+    assert whole.step_ms[:-1] * 1e3 == pytest.approx([246.0, 246.0])
+    names = np.array([dp.task_name(t) for t in range(dp.n_tasks)])
+    fin = np.flatnonzero(names == "ddp:finalize")
+    assert fin.size == 3 and dp.dur_us[fin] == pytest.approx(12.0)
+    assert dp.dur_us[names == "ddp:host-overhead"] == pytest.approx(18.0)
+    for s, t in enumerate(fin):
+        comm = np.flatnonzero((dp.kind == TaskKind.COMM) & (dp.step == s))
+        assert res.start_us[t] == pytest.approx(res.end_us[comm].max())
+    with pytest.raises(UserError, match="finalize_us"):
+        DPConfig(world=2, host_overhead_us=10.0, finalize_us=20.0)
+
+
 def test_chained_buckets_end_as_one_all_reduce_of_their_bytes() -> None:
     def comm(n: int) -> float:
         return 60.0 + n / 1000

@@ -94,6 +94,8 @@ def test_runtime_overhead_one_process() -> None:
     data = json.loads(launch(1, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
     assert data["plain_ms"] > 0 and data["ddp_ms"] > 0 and data["p3_ms"] > 0
     assert data["overhead_ms"] >= 0.0  # the paired difference of their steps (``alternating_ms``)
+    # the part after the last bucket's collective: copying the buckets back into the gradients
+    assert 0.0 <= data["finalize_ms"] <= data["overhead_ms"]
     assert data["p3_overhead_ms"] == pytest.approx(max(0.0, data["p3_ms"] - data["p3_plain_ms"]))
 
 

@@ -61,6 +61,8 @@ class CompressConfig:
     """smaller gradients are all-reduced uncompressed (the hook's default)"""
     host_overhead_us: float = 0.0
     """DDP's own host work per step (``DPConfig.host_overhead_us``); the hook's work is added apart"""
+    finalize_us: float = 0.0
+    """the part of ``host_overhead_us`` after the last bucket's synchronisation (``DPConfig.finalize_us``)"""
     plan: Any = None
     """a ``trainsim.compress.secopa.Plan`` (compress / partitions per gradient), or None"""
     bucket_cap_mb: float = 25.0
@@ -75,6 +77,11 @@ class CompressConfig:
             )
         if self.world < 2:
             raise UserError(f"compression what-if: world={self.world}; expected >= 2 ranks")
+        if not 0 <= self.finalize_us <= max(0.0, self.host_overhead_us):
+            raise UserError(
+                f"compression what-if: finalize_us={self.finalize_us!r}; expected 0 to host_overhead_us "
+                f"({self.host_overhead_us!r}), of which it is a part"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,11 +310,10 @@ def compression(
                 comm, n_dec, what = ag_us(wire), p, "allgather"
             t_comm = rows.comm(f"{what}:compressed{b}", comm, wire, after=[t_enc])
             rows.callback(f"decode:bucket{b}", n_dec * dec, after=[t_comm], waits=opt_wait)  # 4., 5.
-    if cfg.host_overhead_us > 0:
-        g = with_host_overhead(g, anchors, cfg.host_overhead_us)
-    if not rows.rows:
-        return g
-    return _apply(g, rows, cfg, p)
+    out = _apply(g, rows, cfg, p) if rows.rows else g
+    if cfg.host_overhead_us > 0:  # after the new tasks: DDP's finalize waits for what the optimizer waits for
+        out = with_host_overhead(out, anchors, cfg.host_overhead_us, finalize_us=cfg.finalize_us)
+    return out
 
 
 CALLBACK_THREAD = "cpu:hook-callback"

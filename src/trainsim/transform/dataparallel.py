@@ -95,7 +95,11 @@ class DPConfig:
     """the data-parallel runtime's own host work per step (DDP: autograd hooks, copies into and out of
     the buckets; P3: slicing, the communication thread, per-layer updates; measured by
     ``trainsim.validate.dp_worker.runtime_overhead``), run on the backward thread just before the
-    input-most layer's gradient is ready"""
+    input-most layer's gradient is ready, except ``finalize_us`` of it"""
+    finalize_us: float = 0.0
+    """the part of ``host_overhead_us`` that DDP runs after its last bucket's collective: the copy of
+    the reduced buckets back into the gradients (``Reducer::finalize_backward``), on the backward thread
+    once every collective of the step is done, before the optimizer (``with_host_overhead``)"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.world, int) or self.world < 1:
@@ -110,6 +114,11 @@ class DPConfig:
             raise UserError(f"data parallel: lanes={self.lanes!r}; expected a positive number of collectives at once")
         if not self.host_overhead_us >= 0:
             raise UserError(f"data parallel: host_overhead_us={self.host_overhead_us!r}; expected >= 0")
+        if not 0 <= self.finalize_us <= self.host_overhead_us:
+            raise UserError(
+                f"data parallel: finalize_us={self.finalize_us!r}; expected 0 to host_overhead_us "
+                f"({self.host_overhead_us!r}), of which it is a part"
+            )
 
 
 # --------------------------------------------------------------------------- inputs
@@ -395,24 +404,46 @@ def data_parallel(
     if cfg.mode != "ddp":
         out = schedule(out, re.escape(cfg.channel), Policy.PRIORITY)
     if cfg.host_overhead_us > 0:
-        out = with_host_overhead(out, anchors, cfg.host_overhead_us)
+        out = with_host_overhead(out, anchors, cfg.host_overhead_us, finalize_us=cfg.finalize_us)
     return out
 
 
-def with_host_overhead(g: TaskGraph, anchors: Sequence[StepAnchors], dur_us: float) -> TaskGraph:
+def with_host_overhead(
+    g: TaskGraph, anchors: Sequence[StepAnchors], dur_us: float, *, finalize_us: float = 0.0
+) -> TaskGraph:
     """One ``ddp:host-overhead`` task per step on the backward thread, queued just before the last
     gradient-ready point (the input-most layer's): it delays the last bucket and the optimizer step.
-    ``anchors``: ``step_anchors`` of ``g``."""
+    With ``finalize_us`` (a part of ``dur_us``), that part is a ``ddp:finalize`` task of its own, queued
+    just before the step's first optimizer task and after everything that task waits for on other
+    resources (the buckets' collectives, a hook's decode): DDP copies the reduced buckets back into the
+    gradients once the last one is done. ``anchors``: ``step_anchors`` of ``g``."""
+    fin = [a for a in anchors if a.opt_start >= 0] if finalize_us > 0 else []
+    before = dur_us - (finalize_us if fin else 0.0)
     last = [max(a.ready.values(), key=lambda t: g.order[t]) for a in anchors if a.ready]
-    if not last:
-        return g
-    res = [g.resources[int(g.resource[t])] for t in last]
-    out, _ = insert(
-        g, name=["ddp:host-overhead"] * len(last), kind=TaskKind.CPU, resource=[r.name for r in res], dur_us=dur_us,
-        order=np.array([g.order[t] for t in last]) - 1e-3, resource_kind=res[0].kind,
-        step=np.array([g.step[t] for t in last], np.int32),
+    out = g
+    if last and before > 0:
+        res = [g.resources[int(g.resource[t])] for t in last]
+        out, _ = insert(
+            g, name=["ddp:host-overhead"] * len(last), kind=TaskKind.CPU, resource=[r.name for r in res],
+            dur_us=before, order=np.array([g.order[t] for t in last]) - 1e-3, resource_kind=res[0].kind,
+            step=np.array([g.step[t] for t in last], np.int32),
+        )  # fmt: skip
+    if not fin:
+        return out
+    opt = np.array([a.opt_start for a in fin], np.int64)  # ids survive ``insert`` (it appends)
+    res = [out.resources[int(out.resource[t])] for t in opt]
+    out, new = insert(
+        out, name=["ddp:finalize"] * len(fin), kind=TaskKind.CPU, resource=[r.name for r in res],
+        dur_us=finalize_us, order=out.order[opt] - 1e-3, resource_kind=res[0].kind,
+        step=out.step[opt].astype(np.int32),
     )  # fmt: skip
-    return out
+    # everything the optimizer waits for on another resource, the finalize waits for too
+    hit = np.isin(out.edge_dst, opt) & (out.resource[out.edge_src] != out.resource[out.edge_dst])
+    if not hit.any():
+        return out
+    by = np.argsort(opt)
+    to_new = np.asarray(new, np.int64)[by[np.searchsorted(opt[by], out.edge_dst[hit])]]
+    return add_edges(out, out.edge_src[hit], to_new, EdgeKind.COMM)
 
 
 def dp_step_ms(step_ms: np.ndarray, mode: str) -> float:

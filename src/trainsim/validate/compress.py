@@ -179,7 +179,8 @@ def _predict_ms(
         dpc = DPRun(model=c.model, rate_mbit=link[0], delay_ms=link[1])
         return predict_ms(prof, dpc, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
                           concentration=float(dpc.world))  # fmt: skip
-    ccfg = dataclasses.replace(ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms))
+    ccfg = dataclasses.replace(ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms),
+                               finalize_us=prof.finalize_us())  # fmt: skip
     p2p_us, p2p_us_per_byte = cal.p2p_line()
     g2 = compression(
         prof.graph, prof.params, prof.layers, shapes, ccfg, costs[json.dumps([c.algorithm, c.options], sort_keys=True)],
@@ -230,7 +231,8 @@ def run_harness(
             # factor (``validate dp``), read again during each run
             profiled[model] = prof = _profile(model, wd, steps=max(5, steps))
             log(f"  one process {prof.plain_ms:.1f} ms/step, two at once {prof.corun_ms:.1f} ms/step, "
-                f"DDP's own work {prof.ddp_overhead_ms:.1f} ms/step")  # fmt: skip
+                f"DDP's own work {prof.ddp_overhead_ms:.1f} ms/step ({prof.ddp_finalize_ms:.1f} after its "
+                "last collective)")  # fmt: skip
             net_model, _ = build(model)
             shapes[model] = {n: tuple(p.shape) for n, p in net_model.named_parameters()}
             names[model] = [(n, p.numel()) for n, p in net_model.named_parameters()]

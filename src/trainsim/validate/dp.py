@@ -166,6 +166,8 @@ class _Profiled:
     """the same for the P3-style runtime (``dp_worker.runtime_overhead``)"""
     straggler_ms: float = 0.0
     """expected wait per step for the slowest rank, from the co-run loop's jitter (``straggler_ms``)"""
+    ddp_finalize_ms: float = 0.0
+    """the part of ``ddp_overhead_ms`` after the last bucket's collective (``dp_worker.ddp_finalize_ms``)"""
 
     @property
     def host_factor(self) -> float:
@@ -177,6 +179,11 @@ class _Profiled:
         alone) at the co-run speed, plus the wait for the slowest rank; ``alone``: the work as measured,
         no wait."""
         return 1e3 * runtime_ms if alone else 1e3 * (runtime_ms * self.host_factor + self.straggler_ms)
+
+    def finalize_us(self, *, alone: bool = False) -> float:
+        """DDP's work after its last collective (``ddp_finalize_ms``) at the co-run speed (``alone``: as
+        measured): the part of ``host_overhead_us(ddp_overhead_ms)`` that follows the transfers."""
+        return 1e3 * self.ddp_finalize_ms * (1.0 if alone else self.host_factor)
 
     def at_host_speed(self, per_rank: list[list[float]]) -> _Profiled:
         """The same profile with the co-run loop measured again (``per_rank``: each rank's plain step
@@ -276,15 +283,16 @@ def straggler_ms(per_rank: list[list[float]], draws: int = 4000, seed: int = 0) 
     return max(0.0, float(draws_ms.max(axis=0).mean() - np.median(np.concatenate(ranks))))
 
 
-def _runtime_overhead_ms(model: str, steps: int, slice_bytes: int = 1 << 20) -> tuple[float, float]:
+def _runtime_overhead_ms(model: str, steps: int, slice_bytes: int = 1 << 20) -> tuple[float, float, float]:
     """Host work per step that DDP and the P3 runtime add to ``model``'s plain loop, one process alone
-    (``dp_worker.runtime_overhead``)."""
+    (``dp_worker.runtime_overhead``), and the part of DDP's that follows its last collective
+    (``dp_worker.ddp_finalize_ms``)."""
     from trainsim.validate.launch import launch
 
     cfg = json.dumps({"model": model, "mode": "overhead", "steps": steps, "warmup": 2, "slice_bytes": slice_bytes})
     out = launch(1, ["-m", "trainsim.validate.dp_worker", cfg], net=None, timeout_s=300)
     data = json.loads(out[0].strip().splitlines()[-1])
-    return float(data["overhead_ms"]), float(data["p3_overhead_ms"])
+    return float(data["overhead_ms"]), float(data["p3_overhead_ms"]), float(data["finalize_ms"])
 
 
 def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool = True) -> _Profiled:
@@ -318,9 +326,10 @@ def _profile(model: str, workdir: Path, steps: int, world: int = 2, corun: bool 
     m, _ = build(model)
     buffer_bytes = sum(b.numel() * b.element_size() for b in m.buffers())
     buckets = ddp_buckets([p.size_bytes for p in params])
+    ddp_ms, p3_ms, finalize_ms = _runtime_overhead_ms(model, steps)
     return _Profiled(g, params, layers, buffer_bytes, [sum(params[i].size_bytes for i in b) for b in buckets],
-                     traced_ms, plain_ms, corun_ms, alone, *_runtime_overhead_ms(model, steps),
-                     straggler_ms(samples))  # fmt: skip
+                     traced_ms, plain_ms, corun_ms, alone, ddp_ms, p3_ms, straggler_ms(samples),
+                     ddp_finalize_ms=finalize_ms)  # fmt: skip
 
 
 P3_AGREE_MAX_US = 3000.0
@@ -420,7 +429,8 @@ def predict_ms(
         prof = replace(prof, straggler_ms=straggler_wait_ms)
     runtime_ms = prof.p3_overhead_ms if m == "p3" else prof.ddp_overhead_ms
     dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes,
-                   host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone), lanes=GLOO_LANES)  # fmt: skip
+                   host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone), lanes=GLOO_LANES,
+                   finalize_us=prof.finalize_us(alone=alone) if m == "ddp" else 0.0)  # fmt: skip
     # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
     # where such a round trip is cheap (P3Runtime, agree_max_us), else piggybacks the counters
     round_us = 0.0
@@ -489,8 +499,8 @@ def _one_pass(
          "bw_gbps": cal.link.bw_gbps, "alpha_us": cal.link.latency_us},
         cal.where,
         {"profiled": round(prof.traced_ms, 3), "plain": round(prof.plain_ms, 3),
-         "ddp_overhead": round(prof.ddp_overhead_ms, 3), "p3_overhead": round(prof.p3_overhead_ms, 3),
-         "straggler": round(prof.straggler_ms, 3),
+         "ddp_overhead": round(prof.ddp_overhead_ms, 3), "ddp_finalize": round(prof.ddp_finalize_ms, 3),
+         "p3_overhead": round(prof.p3_overhead_ms, 3), "straggler": round(prof.straggler_ms, 3),
          **({} if agree is None else {"p3_round": round(agree.round_us / 1e3, 3)}),
          **({} if agree is None or agree.straggler_ms is None else {"p3_straggler": round(agree.straggler_ms, 3)}),
          **({} if agree is None or agree.stretch is None else {"p3_stretch": round(agree.stretch, 3)}),
