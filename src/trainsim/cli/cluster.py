@@ -118,7 +118,13 @@ def scaleout(
     from trainsim.cluster.spec import cluster, load_cluster
     from trainsim.graph.build import load_trace
     from trainsim.simulate.engine import simulate
-    from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms, read_params
+    from trainsim.transform.dataparallel import (
+        BACKEND_LANES,
+        DPConfig,
+        data_parallel,
+        dp_step_ms,
+        read_params,
+    )
     from trainsim.transform.network import model_us
 
     spec = load_cluster(cluster_file) if cluster_file else None
@@ -141,7 +147,7 @@ def scaleout(
         raise UserError(f"{trace}: no such trace")
     params, layers = read_params(sidecar_path(trace))
     g = load_trace(trace)
-    cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb, lanes=2 if backend == "gloo" else 1)
+    cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb, lanes=BACKEND_LANES[backend])
     dp = data_parallel(g, params, layers, cfg, comm_us=lambda b: model_us("allreduce", b, spec, n))
     single = dp_step_ms(simulate(g).step_ms, "ddp")  # the same statistic (median step) as the prediction
     step = dp_step_ms(simulate(dp).step_ms, mode)

@@ -64,6 +64,12 @@ class ParamInfo:
     size_bytes: int
 
 
+BACKEND_LANES = {"nccl": 1, "gloo": 2}
+"""collectives a process group of each backend runs at once (``DPConfig.lanes``): NCCL one stream per
+group; gloo two worker threads, so DDP's buckets that become ready while the one before is in flight
+share the link with it"""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DPConfig:
     """How the data-parallel job is run."""

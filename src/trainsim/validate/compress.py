@@ -242,7 +242,7 @@ def run_harness(
             by_link.setdefault((c.rate_mbit, c.delay_ms) if reason is None else (None, 0.0), []).append(c)
         for (rate, delay), group in by_link.items():
             max_msg = max(max(profiled[c.model].bucket_bytes) for c in group)
-            # as validate dp: up to all of DDP's buckets, which gloo runs at once (``validate.dp.GLOO_LANES``)
+            # as validate dp: up to all of DDP's buckets, which gloo runs at once (``dataparallel.BACKEND_LANES``)
             total = max(sum(profiled[c.model].bucket_bytes) for c in group)
             sizes = sorted({*default_sizes(total), total})
             net_cm = Netns(2, rate_mbit=rate, delay_ms=delay) if reason is None else None

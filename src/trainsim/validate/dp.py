@@ -214,10 +214,6 @@ def _plain_step_ms(model: str, steps: int) -> float:
     return float(statistics.median(loop_ms(net, batch, torch.nn.CrossEntropyLoss(), 0.01, 2, steps)))
 
 
-GLOO_LANES = 2
-"""collectives gloo's process group runs at once (its two worker threads): DDP's buckets that become
-ready while the one before is in flight share the link with it (``DPConfig.lanes``)"""
-
 CORUN_START_S = 4.0
 """Copies of the co-run loop start their loops this long after launch (every copy has imported torch)"""
 
@@ -422,14 +418,14 @@ def predict_ms(
 
     from trainsim.simulate.contention import simulate_contended
     from trainsim.simulate.engine import simulate
-    from trainsim.transform.dataparallel import DPConfig, data_parallel, dp_step_ms
+    from trainsim.transform.dataparallel import BACKEND_LANES, DPConfig, data_parallel, dp_step_ms
 
     m = mode or cfg.mode
     if straggler_wait_ms is not None and not alone:
         prof = replace(prof, straggler_ms=straggler_wait_ms)
     runtime_ms = prof.p3_overhead_ms if m == "p3" else prof.ddp_overhead_ms
     dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes,
-                   host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone), lanes=GLOO_LANES,
+                   host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone), lanes=BACKEND_LANES["gloo"],
                    finalize_us=prof.finalize_us(alone=alone) if m == "ddp" else 0.0)  # fmt: skip
     # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
     # where such a round trip is cheap (P3Runtime, agree_max_us), else piggybacks the counters
@@ -584,7 +580,7 @@ def run_harness(
         for c in configs:
             by_link.setdefault(c.link_key if reason is None else (None, 0.0, c.world), []).append(c)
         for (rate, delay, world), group in by_link.items():
-            # DDP's buckets in flight together end as one all-reduce of their bytes (``GLOO_LANES``): up to all of them
+            # DDP's buckets in flight together end as one all-reduce of their bytes (``dataparallel.BACKEND_LANES``): up to all of them
             max_msg = max(sum(profiled[c.model, c.world].bucket_bytes) if c.mode == "ddp" else c.slice_bytes for c in group)
             sizes = sorted({*default_sizes(max_msg), max_msg})
             net_cm = Netns(world, rate_mbit=rate, delay_ms=delay) if reason is None else None
