@@ -424,15 +424,17 @@ def with_host_overhead(
     resources (the buckets' collectives, a hook's decode): DDP copies the reduced buckets back into the
     gradients once the last one is done. ``anchors``: ``step_anchors`` of ``g``."""
     fin = [a for a in anchors if a.opt_start >= 0] if finalize_us > 0 else []
-    before = dur_us - (finalize_us if fin else 0.0)
-    last = [max(a.ready.values(), key=lambda t: g.order[t]) for a in anchors if a.ready]
+    # the rest of the work, in the steps that have an optimizer to put the finalize before
+    pre = [(max(a.ready.values(), key=lambda t: g.order[t]), dur_us - (finalize_us if fin and a.opt_start >= 0 else 0.0))
+           for a in anchors if a.ready]  # fmt: skip
+    last = [t for t, d in pre if d > 0]
     out = g
-    if last and before > 0:
+    if last:
         res = [g.resources[int(g.resource[t])] for t in last]
         out, _ = insert(
             g, name=["ddp:host-overhead"] * len(last), kind=TaskKind.CPU, resource=[r.name for r in res],
-            dur_us=before, order=np.array([g.order[t] for t in last]) - 1e-3, resource_kind=res[0].kind,
-            step=np.array([g.step[t] for t in last], np.int32),
+            dur_us=np.array([d for _, d in pre if d > 0]), order=np.array([g.order[t] for t in last]) - 1e-3,
+            resource_kind=res[0].kind, step=np.array([g.step[t] for t in last], np.int32),
         )  # fmt: skip
     if not fin:
         return out
