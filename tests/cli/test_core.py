@@ -74,6 +74,12 @@ def test_bench_sim_json(capsys: pytest.CaptureFixture[str]) -> None:
         ["replay", "TRACE", "--timeline", "out.png"],
         ["bench-sim", "--tasks", "0"],
         ["no-such-command"],
+        # before 2026-11-26 a zero rate was a ZeroDivisionError traceback, a negative one a task error
+        ["whatif", "TRACE", "--pipeline", "GPipe", "--rate", "0"],
+        ["whatif", "TRACE", "--ooo-dp", "search", "--rate", "-5"],
+        ["whatif", "TRACE", "--compress", "onebit", "--rate", "0"],
+        ["whatif", "TRACE", "--pipeline", "GPipe", "--stages", "0"],
+        ["whatif", "TRACE", "--pipeline", "GPipe", "--microbatches", "0"],
     ],
 )
 def test_bad_input_exit_code_2_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
@@ -82,6 +88,13 @@ def test_bad_input_exit_code_2_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     code, _, err = _run(args, capsys)
     assert code == 2
     assert "Traceback" not in err and err.strip()
+
+
+def test_whatif_scaled_to_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every task scaled to 0: the table says the speed-up is unbounded (it was a TypeError on None)."""
+    code, out, err = _run(["whatif", str(_trace(tmp_path)), "--scale", "name:=0"], capsys)
+    assert code == 0, err
+    assert "predicted speed-up: unbounded" in out
 
 
 def test_bad_trace_via_subprocess_no_traceback(tmp_path: Path) -> None:

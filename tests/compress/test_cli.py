@@ -36,6 +36,11 @@ def test_compress_bench_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compress-bench", "--algorithms", "nope"]) == 2
     assert "unknown compression algorithm 'nope'" in capsys.readouterr().err
     assert main(["compress-bench", "--sizes", "lots"]) == 2
+    capsys.readouterr()
+    for bad in ("0", "-3"):  # before: PowerSGD's orthogonalisation raised a bare AssertionError on size 0
+        assert main(["compress-bench", "--sizes", bad, "--repeats", "1"]) == 2
+        assert capsys.readouterr().err.strip().endswith("elements; expected at least 1")
+    assert main(["compress-bench", "--sizes", "4K", "--repeats", "0"]) == 2
 
 
 def test_secopa_writes_a_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,6 +49,7 @@ def test_estimate_llama_gqa_and_cluster_file(tmp_path, capsys: pytest.CaptureFix
         (["--gpus", "1024", "--tp", "64", "--pp", "1"], "tp=64 does not divide heads=96"),
         (["--gpus", "1024", "--tp", "16", "--pp", "1"], "exceeds gpus per node"),
         (["--gpus", "1024", "--gpu", "tpu-v4", "--tp", "8"], "unknown GPU 'tpu-v4'"),
+        (["--gpus", "0"], "--gpus 0; expected a positive integer"),
     ],
 )
 def test_estimate_bad_input_exit_2(args: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,3 +86,15 @@ def test_module_docstring_examples_run() -> None:
     for mod in (devices, workload, optime, memory, estimate):
         res = doctest.testmod(mod)
         assert res.failed == 0, mod.__name__
+
+
+@pytest.mark.parametrize("field", ["layers", "hidden", "heads", "seq", "vocab"])
+def test_estimate_zero_model_size_is_refused(field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    dims = {"layers": "2", "hidden": "64", "heads": "4", "seq": "16", "vocab": "100"}
+    dims[field] = "0"
+    args = ["estimate", "--arch", "gpt", "--global-batch", "4", "--gpu", "h100", "--gpus", "1"]
+    for k, v in dims.items():
+        args += [f"--{k}", v]
+    rc, _, err = _run(args, capsys)
+    assert rc == 2
+    assert err.strip() == f"trainsim: error: --{field} 0; expected a positive integer"

@@ -48,7 +48,8 @@ def test_run_sets() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(["--model", "nope"], "unknown model 'nope'"), (["--algorithm", "nope"], "unknown compression algorithm"),
-     (["--steps", "0"], "steps=0"), (["--passes", "0"], "--passes 0")],
+     (["--steps", "0"], "steps=0"), (["--passes", "0"], "--passes 0"),
+     (["--rate", "0"], "Invalid value for '--rate'")],
 )  # fmt: skip
 def test_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "compress", *argv]) == 2

@@ -37,6 +37,12 @@ def test_ranking_check_only_counts_clear_gaps() -> None:
         (["validate", "ooo-dp", "--model", "mlp", "--k", "9"], "has 4 layers"),
         (["validate", "ooo-dp", "--passes", "0"], "--passes 0"),
         (["validate", "pipeline", "--passes", "0"], "--passes 0"),
+        # the link's figures are checked before the profile (they were refused only after it, and
+        # ``validate ooo-dp --rate 0`` ran the built-in set)
+        (["validate", "pipeline", "--rate", "0"], "Invalid value for '--rate'"),
+        (["validate", "pipeline", "--delay", "-2"], "Invalid value for '--delay'"),
+        (["validate", "ooo-dp", "--rate", "0"], "Invalid value for '--rate'"),
+        (["validate", "ooo-dp", "--delay", "-1"], "Invalid value for '--delay'"),
     ],
 )
 def test_bad_input_exits_2_before_running(

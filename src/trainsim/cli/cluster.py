@@ -29,8 +29,8 @@ def _parse_bytes(text: str) -> int:
 
 @click.command("calibrate")
 @click.option("--world", type=int, default=2, show_default=True, help="processes")
-@click.option("--rate", type=float, default=None, help="shape links to this many Mbit/s (default: unshaped)")
-@click.option("--delay", type=float, default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, help="shape links to this many Mbit/s (default: unshaped)")
+@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="added one-way latency, ms")
 @click.option("--min-bytes", default="1KB", show_default=True, help="smallest all-reduce")
 @click.option("--max-bytes", default="16MB", show_default=True, help="largest all-reduce")
 @click.option("--reps", type=int, default=5, show_default=True, help="repetitions per size at least (mean kept)")

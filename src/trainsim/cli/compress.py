@@ -23,11 +23,12 @@ _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def _size(text: str) -> int:
     t = text.strip().upper()
     try:
-        if t and t[-1] in _UNITS:
-            return int(float(t[:-1]) * _UNITS[t[-1]])
-        return int(t)
+        n = int(float(t[:-1]) * _UNITS[t[-1]]) if t and t[-1] in _UNITS else int(t)
     except ValueError:
         raise UserError(f"--sizes: {text!r} is not a size; expected e.g. 1M, 16M, 65536") from None
+    if n < 1:
+        raise UserError(f"--sizes: {text!r} is {n} elements; expected at least 1")
+    return n
 
 
 def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def _options(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.command("compress-bench")
 @click.option("--sizes", default="1M,16M,64M", show_default=True, help="Gradient sizes in fp32 elements.")
 @click.option("--algorithms", default="", help="Comma-separated algorithms (default: all registered).")
-@click.option("--repeats", type=int, default=None, help="Timed repeats per case (default 15/5/3 by size).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed repeats per case (default 15/5/3 by size).")
 @click.option("--no-baselines", is_flag=True, help="Skip PyTorch's fp16 and PowerSGD hook steps.")
 @JSON_OPT
 def compress_bench(

@@ -165,9 +165,10 @@ def _safe_write(path: str, res: Any) -> Path:
 @click.option("--scheme", type=click.Choice(["allgather", "ps", "ring"]), default="allgather", show_default=True,
               help="Compression-aware synchronisation for --compress.")
 @click.option("--world", type=click.IntRange(2, 100000), default=2, show_default=True, help="Ranks for --compress.")
-@click.option("--stages", type=int, default=1, show_default=True, help="Pipeline stages per rank.")
-@click.option("--microbatches", type=int, default=4, show_default=True, help="Pipeline microbatches.")
-@click.option("--rate", type=float, default=1000.0, show_default=True, help="Link rate, Mbit/s (--ooo-dp, --pipeline).")
+@click.option("--stages", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline stages per rank.")
+@click.option("--microbatches", type=click.IntRange(min=1), default=4, show_default=True, help="Pipeline microbatches.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True,
+              help="Link rate, Mbit/s (--ooo-dp, --pipeline, --compress).")
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
 def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
@@ -228,7 +229,10 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     rows = [("measured", _fmt(out["measured_ms"])), ("simulated baseline", _fmt(out["baseline_ms"])),
             ("what-if: " + "; ".join(applied), _fmt(out["whatif_ms"]))]  # fmt: skip
     _print_table(f"{Path(trace).name}: what-if", rows, ("", "step ms"))
-    click.echo(f"predicted speed-up: {out['speedup']:.3f}x")
+    if out["speedup"] is None:  # every task of the step scaled to 0
+        click.echo("predicted speed-up: unbounded (the what-if's step takes 0 ms)")
+    else:
+        click.echo(f"predicted speed-up: {out['speedup']:.3f}x")
     _print_breakdown(out)
 
 

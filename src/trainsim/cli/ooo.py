@@ -97,8 +97,8 @@ def profile_cmd(
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--k", "k", type=int, help="layers reordered (reverse first-k)")
 @click.option("--search", is_flag=True, help="predict every k and pick the best")
-@click.option("--rate", type=float, default=1000.0, show_default=True, help="link rate, Mbit/s")
-@click.option("--latency-us", type=float, default=100.0, show_default=True)
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True, help="link rate, Mbit/s")
+@click.option("--latency-us", type=click.FloatRange(min=0), default=100.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def dp_cmd(
     profile: str, batch_size: int, k: int | None, search: bool, rate: float, latency_us: float, as_json: bool
@@ -136,8 +136,8 @@ def dp_cmd(
 @click.option(
     "--split", default="", help="layers per stage, e.g. 2,2,2,3 (default: planned from the profile)"
 )
-@click.option("--rate", type=float, default=1000.0, show_default=True, help="link rate, Mbit/s")
-@click.option("--latency-us", type=float, default=100.0, show_default=True)
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True, help="link rate, Mbit/s")
+@click.option("--latency-us", type=click.FloatRange(min=0), default=100.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def pipeline_cmd(
     profile: str,

@@ -65,9 +65,12 @@ def build_model(kw: dict[str, Any]) -> Any:
 
             m = replace(m, flash_attention=True)
         return m
-    missing = [f"--{k}" for k in ("layers", "hidden", "heads", "seq", "vocab") if not kw.get(k)]
+    missing = [f"--{k}" for k in ("layers", "hidden", "heads", "seq", "vocab") if kw.get(k) is None]
     if missing:
         raise UserError(f"missing {', '.join(missing)}; give them or --model PRESET")
+    for k in ("layers", "hidden", "heads", "seq", "vocab"):
+        if kw[k] < 1:
+            raise UserError(f"--{k} {kw[k]}; expected a positive integer")
     return Transformer(
         arch=kw["arch"], layers=kw["layers"], hidden=kw["hidden"], heads=kw["heads"], kv_heads=kw["kv_heads"] or 0,
         ffn_hidden=kw["ffn_hidden"] or 0, seq=kw["seq"], vocab=kw["vocab"], flash_attention=kw["flash_attention"],
@@ -82,7 +85,7 @@ def build_cluster(kw: dict[str, Any]) -> Any:
         return load_cluster(kw["cluster_file"])
     if kw.get("gpu_groups"):
         return parse_groups(list(kw["gpu_groups"]), kw["gpus_per_node"])
-    if not kw.get("gpu") or not kw.get("gpus"):
+    if not kw.get("gpu") or kw.get("gpus") is None:
         raise UserError("no cluster: give --gpu NAME --gpus N, --gpu-group NAME:COUNT, or --cluster FILE")
     if kw["gpus"] < 1:
         raise UserError(f"--gpus {kw['gpus']}; expected a positive integer")

@@ -76,8 +76,8 @@ class PipeSpec:
         if not s.min_spr <= self.stages_per_rank <= s.max_spr:
             need = str(s.min_spr) if s.min_spr == s.max_spr else f"{s.min_spr}..{s.max_spr}"
             raise UserError(
-                f"schedule {self.schedule} needs {need} stage(s) per rank; got --stages-per-rank "
-                f"{self.stages_per_rank}"
+                f"schedule {self.schedule} needs {need} stage(s) per rank; got {self.stages_per_rank} "
+                "(--stages-per-rank; in trainsim whatif, --stages)"
             )
         if self.microbatches < 1:
             raise UserError(f"microbatches={self.microbatches}; expected a positive integer")

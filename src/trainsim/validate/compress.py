@@ -324,7 +324,7 @@ def run_harness(
 
 @click.command("compress")
 @click.option("--quick", is_flag=True, help="2 runs at 100 Mbit/s (about a minute)")
-@click.option("--rate", "rates", type=float, multiple=True, help="link rate(s) in Mbit/s for a custom set")
+@click.option("--rate", "rates", type=click.FloatRange(min=0, min_open=True), multiple=True, help="link rate(s) in Mbit/s for a custom set")
 @click.option(
     "--algorithm", "algorithms", multiple=True, help="algorithm(s) for a custom set ('none' = plain DDP)"
 )

@@ -411,8 +411,8 @@ def _fit_runtime_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
 )
 @click.option("--blocks", type=int, default=6, show_default=True, help="transformer blocks")
 @click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--rate", type=float, default=1000.0, show_default=True, help="link rate, Mbit/s")
-@click.option("--delay", type=float, default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True, help="link rate, Mbit/s")
+@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="added one-way latency, ms")
 @click.option("--steps", type=int, default=8, show_default=True)
 @click.option(
     "--rank-gap", type=float, default=5.0, show_default=True, help="ranking checked above this gap, %"
