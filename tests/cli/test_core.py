@@ -135,3 +135,20 @@ def test_whatif_compress_from_a_profile(tmp_path: Path, capsys: pytest.CaptureFi
     assert doc["compressed_ms"] < doc["plain_ddp_ms"] / 3
     code, _, err = _run(["whatif", str(trace), "--compress", "zip"], capsys)
     assert code == 2 and "unknown compression algorithm" in err
+    # a SeCoPa plan sets the algorithm, the topology and the world size, as the hooks take them from it
+    grads = tmp_path / "grads.txt"
+    params = json.loads((tmp_path / "m.trainsim.json").read_text())["params"]
+    grads.write_text("".join(f"{p['name']},{p['numel']}\n" for p in params))
+    plan = tmp_path / "plan.yaml"
+    assert main(["secopa", "--algorithm", "onebit", "--input", str(grads), "--nnodes", "2", "--bandwidth-mbps", "20",
+                 "--quick", "--out", str(plan)]) == 0  # fmt: skip
+    capsys.readouterr()
+    code, out, _ = _run(["whatif", str(trace), "--compress", "onebit", "--plan", str(plan), "--rate", "20", "--json"],
+                        capsys)  # fmt: skip
+    assert code == 0
+    doc = json.loads(out)
+    assert (doc["scheme"], doc["world"]) == ("ps", 2) and doc["compressed_ms"] < doc["plain_ddp_ms"] / 3
+    for extra, what in ((["--compress", "topk"], "algorithm 'onebit'"), (["--compress", "onebit", "--world", "4"],
+                        "world 2"), (["--compress", "onebit", "--scheme", "ring"], "scheme 'ps'")):  # fmt: skip
+        code, _, err = _run(["whatif", str(trace), *extra, "--plan", str(plan)], capsys)
+        assert code == 2 and f"the plan is for {what}" in err, err

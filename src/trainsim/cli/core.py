@@ -162,9 +162,10 @@ def _safe_write(path: str, res: Any) -> Path:
 @click.option("--compress", "compress", metavar="ALGO",
               help="Data-parallel training with gradient compression (onebit, topk, powersgd ...); TRACE from trainsim profile.")
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False), help="SeCoPa plan file for --compress.")
-@click.option("--scheme", type=click.Choice(["allgather", "ps", "ring"]), default="allgather", show_default=True,
-              help="Compression-aware synchronisation for --compress.")
-@click.option("--world", type=click.IntRange(2, 100000), default=2, show_default=True, help="Ranks for --compress.")
+@click.option("--scheme", type=click.Choice(["allgather", "ps", "ring"]), default=None,
+              help="Compression-aware synchronisation for --compress (default: the plan's topology, else allgather).")
+@click.option("--world", type=click.IntRange(2, 100000), default=None,
+              help="Ranks for --compress (default: the plan's world size, else 2).")
 @click.option("--stages", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline stages per rank.")
 @click.option("--microbatches", type=click.IntRange(min=1), default=4, show_default=True, help="Pipeline microbatches.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True,
@@ -172,7 +173,8 @@ def _safe_write(path: str, res: Any) -> Path:
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
 def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
-           pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str, world: int, stages: int,
+           pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str | None, world: int | None,
+           stages: int,
            microbatches: int, rate: float, as_json: bool, timeline: str | None) -> None:  # fmt: skip
     """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, OOO backprop, pipelines)."""
     from trainsim.simulate.engine import simulate
@@ -186,6 +188,14 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
 
         if not Path(trace).is_file():
             raise UserError(f"{trace}: no such file; --compress needs a trace from trainsim profile")
+        if plan_file is not None and (scheme is None or world is None):
+            from trainsim.compress.secopa import Plan
+
+            planned = Plan.load(plan_file)
+            scheme = planned.topology if scheme is None else scheme
+            world = planned.world_size if world is None else world
+        scheme = scheme or "allgather"
+        world = world or 2
         out = predict(trace, algorithm=compress, world=world, bw_gbps=rate / 8e3, scheme=scheme, plan=plan_file)
         out["speedup"] = out["plain_ddp_ms"] / out["compressed_ms"] if out["compressed_ms"] > 0 else None
         if as_json:

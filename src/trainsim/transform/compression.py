@@ -495,6 +495,14 @@ def predict(
     loaded = Plan.load(plan) if plan else None
     if loaded is not None:
         loaded.check_names(shapes)
+        # the hooks take the algorithm, the topology and the world size from the plan
+        # (``run.hooks.state_from_plan``): a what-if with other ones would not be the run it predicts
+        for what, given, planned in (("algorithm", algorithm, loaded.algorithm), ("scheme", scheme, loaded.topology),
+                                     ("world", world, loaded.world_size)):  # fmt: skip
+            if given != planned:
+                raise UserError(f"{loaded.source}: the plan is for {what} {planned!r}; got {what} {given!r}")
+        if options is None:
+            options = loaded.options
     cfg = CompressConfig(
         algorithm=algorithm, options=dict(options or {}), world=world, scheme=scheme, plan=loaded
     )
