@@ -97,6 +97,19 @@ def test_whatif_scaled_to_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "predicted speed-up: unbounded" in out
 
 
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [(["nope"], "trainsim"), (["whatif"], "trainsim whatif"), (["bench-sim", "--tasks", "0"], "trainsim bench-sim"),
+     (["replay", "x.json", "--bogus"], "trainsim replay")],
+)  # fmt: skip
+def test_usage_errors_are_one_line(args: list[str], where: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """click's usage errors (missing argument, unknown option, value out of range) in one line too."""
+    code, _, err = _run(args, capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"{where}: error: ")
+    assert err.strip().endswith(f"(see {where} --help)")
+
+
 def test_bad_trace_via_subprocess_no_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{oops")

@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("trainsim: aborted", err=True)
         return 130
+    except click.UsageError as exc:  # one line, as for every other bad input (click's own takes four)
+        where = exc.ctx.command_path if exc.ctx is not None else "trainsim"
+        click.echo(f"{where}: error: {exc.format_message()} (see {where} --help)", err=True)
+        return 2
     except click.ClickException as exc:
         exc.show()
         return 2 if isinstance(exc, click.UsageError) or exc.exit_code == 2 else exc.exit_code

@@ -27,15 +27,15 @@ def _model_options(f: Any) -> Any:
     opts = [
         click.option("--model", "preset", default=None, help="A preset (gpt3-175b, llama2-7b, llama2-70b, bert-large, resnet50, vgg19, ...)."),
         click.option("--arch", type=click.Choice(["gpt", "llama", "bert"]), default="gpt", show_default=True),
-        click.option("--layers", type=int),
-        click.option("--hidden", type=int),
-        click.option("--heads", type=int),
-        click.option("--kv-heads", type=int, default=0, help="Grouped-query attention (default: = heads)."),
-        click.option("--ffn-hidden", type=int, default=0, help="MLP width (default 4h; Llama 8h/3 rounded)."),
-        click.option("--seq", type=int),
-        click.option("--vocab", type=int),
+        click.option("--layers", type=click.IntRange(min=1)),
+        click.option("--hidden", type=click.IntRange(min=1)),
+        click.option("--heads", type=click.IntRange(min=1)),
+        click.option("--kv-heads", type=click.IntRange(min=0), default=0, help="Grouped-query attention (default: = heads)."),
+        click.option("--ffn-hidden", type=click.IntRange(min=0), default=0, help="MLP width (default 4h; Llama 8h/3 rounded)."),
+        click.option("--seq", type=click.IntRange(min=1)),
+        click.option("--vocab", type=click.IntRange(min=1)),
         click.option("--flash-attention", is_flag=True, help="Attention core as one fused kernel."),
-        click.option("--global-batch", type=int, required=True, help="Sequences (or images) per step."),
+        click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences (or images) per step."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -45,8 +45,8 @@ def _model_options(f: Any) -> Any:
 def _cluster_options(f: Any) -> Any:
     opts = [
         click.option("--gpu", default=None, help="GPU kind (a100-80gb, a100-40gb, h100, h200, v100-32gb, rtx2080ti ...)."),
-        click.option("--gpus", type=int, default=None, help="Number of GPUs."),
-        click.option("--gpus-per-node", type=int, default=8, show_default=True),
+        click.option("--gpus", type=click.IntRange(min=1), default=None, help="Number of GPUs."),
+        click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True),
         click.option("--cluster", "cluster_file", default=None, help="YAML/TOML file: groups: [{gpu, count, gpus_per_node}]."),
         click.option("--gpu-group", "gpu_groups", multiple=True, help="NAME:COUNT, repeatable (heterogeneous cluster)."),
     ]
@@ -68,9 +68,6 @@ def build_model(kw: dict[str, Any]) -> Any:
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "seq", "vocab") if kw.get(k) is None]
     if missing:
         raise UserError(f"missing {', '.join(missing)}; give them or --model PRESET")
-    for k in ("layers", "hidden", "heads", "seq", "vocab"):
-        if kw[k] < 1:
-            raise UserError(f"--{k} {kw[k]}; expected a positive integer")
     return Transformer(
         arch=kw["arch"], layers=kw["layers"], hidden=kw["hidden"], heads=kw["heads"], kv_heads=kw["kv_heads"] or 0,
         ffn_hidden=kw["ffn_hidden"] or 0, seq=kw["seq"], vocab=kw["vocab"], flash_attention=kw["flash_attention"],
@@ -95,11 +92,11 @@ def build_cluster(kw: dict[str, Any]) -> Any:
 @click.command("estimate")
 @_model_options
 @_cluster_options
-@click.option("--tp", type=int, default=1, show_default=True)
-@click.option("--pp", type=int, default=1, show_default=True)
-@click.option("--cp", type=int, default=1, show_default=True)
-@click.option("--micro-batch", type=int, default=None, help="Default: the fastest that fits.")
-@click.option("--virtual-stages", type=int, default=None, help="Interleaved schedule chunks per rank.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None, help="Default: the fastest that fits.")
+@click.option("--virtual-stages", type=click.IntRange(min=1), default=None, help="Interleaved schedule chunks per rank.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "zb"]), default="1f1b", show_default=True)
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True)
 @click.option("--sequence-parallel", is_flag=True)
@@ -212,7 +209,7 @@ def _print_estimates(es: list[Any], title: str) -> None:
 @_cluster_options
 @click.option("--method", type=click.Choice(["exhaustive", "dp", "diff"]), default=None,
               help="Default: exhaustive on one GPU kind, dp on several.")
-@click.option("--top", "top_k", type=int, default=5, show_default=True)
+@click.option("--top", "top_k", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--simulate/--no-simulate", "do_sim", default=True, show_default=True,
               help="Re-check the top plans by simulating their task graph.")
 @JSON_OPT
