@@ -43,6 +43,8 @@ def test_ranking_check_only_counts_clear_gaps() -> None:
         (["validate", "pipeline", "--delay", "-2"], "Invalid value for '--delay'"),
         (["validate", "ooo-dp", "--rate", "0"], "Invalid value for '--rate'"),
         (["validate", "ooo-dp", "--delay", "-1"], "Invalid value for '--delay'"),
+        (["validate", "ooo-dp", "--blocks", "0"], "Invalid value for '--blocks'"),  # was ignored: the built-in set ran
+        (["validate", "pipeline", "--batch-size", "0"], "Invalid value for '--batch-size'"),
     ],
 )
 def test_bad_input_exits_2_before_running(

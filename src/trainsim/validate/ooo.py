@@ -400,9 +400,10 @@ def _zoo_fields(case: OooCase) -> dict[str, Any]:
 @click.command("ooo-dp")
 @click.option("--quick", is_flag=True, help="one configuration, short runs")
 @click.option("--model", type=click.Choice(["mlp", "cnn", "transformer"]), help="zoo model for a custom case")
-@click.option("--blocks", type=int, default=4, show_default=True, help="transformer blocks / mlp depth")
+@click.option("--blocks", type=click.IntRange(min=1), default=None,
+              help="transformer blocks / mlp depth (custom case; default 4)")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="link rate, Mbit/s (custom case)")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--delay", type=click.FloatRange(min=0), default=None, help="added one-way latency, ms (custom case; default 0)")
 @click.option("--k", type=int, help="layers reordered (default: the simulator's best k)")
 @click.option("--steps", type=int, default=12, show_default=True)
 @click.option("--passes", type=int, default=1, show_default=True,
@@ -411,9 +412,9 @@ def _zoo_fields(case: OooCase) -> dict[str, Any]:
 def ooo_dp_command(
     quick: bool,
     model: str | None,
-    blocks: int,
+    blocks: int | None,
     rate: float | None,
-    delay: float,
+    delay: float | None,
     k: int | None,
     steps: int,
     passes: int,
@@ -429,11 +430,11 @@ def ooo_dp_command(
         raise UserError(f"validate ooo-dp: --passes {passes}; expected >= 1")
     if k is not None and k < 0:
         raise UserError(f"validate ooo-dp: --k {k}; expected >= 0")
-    if model or rate is not None or k is not None:
+    if model or any(v is not None for v in (rate, k, blocks, delay)):
         cases: tuple[OooCase, ...] = (
             OooCase(
-                model=model or "transformer", blocks=blocks, rate_mbit=1000.0 if rate is None else rate, delay_ms=delay,
-                k=k,
+                model=model or "transformer", blocks=4 if blocks is None else blocks,
+                rate_mbit=1000.0 if rate is None else rate, delay_ms=delay or 0.0, k=k,
             ),
         )
     else:

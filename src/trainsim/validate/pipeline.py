@@ -405,12 +405,12 @@ def _fit_runtime_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 @click.command("pipeline")
 @click.option("--quick", is_flag=True, help="3 schedules at 4 microbatches, short runs")
-@click.option("--microbatches", "mbs", type=int, multiple=True, help="microbatch counts (default 4, 8, 16)")
+@click.option("--microbatches", "mbs", type=click.IntRange(min=1), multiple=True, help="microbatch counts (default 4, 8, 16)")
 @click.option(
     "--schedule", "schedules", multiple=True, help="SCHEDULE or SCHEDULE/STAGES_PER_RANK (default: all)"
 )
-@click.option("--blocks", type=int, default=6, show_default=True, help="transformer blocks")
-@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--blocks", type=click.IntRange(min=1), default=6, show_default=True, help="transformer blocks")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True, help="link rate, Mbit/s")
 @click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="added one-way latency, ms")
 @click.option("--steps", type=int, default=8, show_default=True)
