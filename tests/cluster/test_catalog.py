@@ -31,6 +31,24 @@ def test_custom_link() -> None:
     assert k.bw_gbps == pytest.approx(0.0125) and k.latency_us == 500
 
 
+def test_planner_gpu_names_work_here_too() -> None:
+    """One name in a cluster file and on ``trainsim estimate --gpu``: the planner's catalog calls them h100,
+    v100-32gb ...; each names the same device in both catalogs."""
+    from trainsim.cluster.catalog import DEVICE_ALIASES, DEVICES
+    from trainsim.plan.devices import gpu, names
+
+    assert device("H100") is DEVICES["h100-sxm"] and device("v100-32gb") is DEVICES["v100"]
+    for alias, target in DEVICE_ALIASES.items():
+        assert device(alias) is DEVICES[target]
+    for name in names():  # every planner name but the 16 GB V100 (not in this catalog) is known here
+        if name == "v100-16gb":
+            continue
+        assert device(name).mem_gib == pytest.approx(gpu(name).mem_gib, rel=0.05)
+    for name in DEVICES:  # and every GPU of this catalog there
+        if name != "this-cpu":
+            assert gpu(name).mem_gib == pytest.approx(device(name).mem_gib, rel=0.05)
+
+
 @pytest.mark.parametrize("name", ["b200", "tpu"])
 def test_unknown_device(name: str) -> None:
     with pytest.raises(UserError, match=r"unknown device .* expected one of"):

@@ -154,11 +154,23 @@ LINKS: dict[str, Link] = {
 }
 
 
+DEVICE_ALIASES: dict[str, str] = {
+    "h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200-141gb": "h200", "v100-32gb": "v100", "a100": "a100-80gb",
+    "2080ti": "rtx2080ti",
+}  # fmt: skip
+"""other names of catalog devices: those of the planner's GPU catalog (``trainsim.plan.devices``) among them,
+so that one name works in a cluster file and on ``trainsim estimate --gpu``"""
+
+
 def device(name: str) -> Device:
-    """The catalog device ``name`` (case-insensitive); ``UserError`` listing the valid names on a miss."""
-    d = DEVICES.get(name.lower())
+    """The catalog device ``name`` (case-insensitive, or one of ``DEVICE_ALIASES``); ``UserError`` listing the
+    valid names on a miss."""
+    key = name.lower()
+    d = DEVICES.get(DEVICE_ALIASES.get(key, key))
     if d is None:
-        raise UserError(f"unknown device {name!r}; expected one of {', '.join(DEVICES)}")
+        raise UserError(
+            f"unknown device {name!r}; expected one of {', '.join(DEVICES)} (or {', '.join(DEVICE_ALIASES)})"
+        )
     return d
 
 

@@ -71,7 +71,8 @@ _CATALOG: dict[str, Gpu] = {
         Gpu(name="rtx2080ti", peak_tflops=53.8, hbm_gbps=616.0, mem_gib=11.0, nvlink_gbps=15.75, nic_gbps=0.156),
     )
 }
-_ALIASES = {"v100": "v100-32gb", "a100": "a100-80gb", "h100-80gb": "h100", "h200-141gb": "h200", "2080ti": "rtx2080ti"}
+_ALIASES = {"v100": "v100-32gb", "a100": "a100-80gb", "h100-80gb": "h100", "h100-sxm": "h100", "h200-141gb": "h200",
+            "2080ti": "rtx2080ti"}  # fmt: skip
 
 
 def gpu(name: str) -> Gpu:
