@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,24 @@ def test_whatif_compress_from_a_profile(tmp_path: Path, capsys: pytest.CaptureFi
                         "world 2"), (["--compress", "onebit", "--scheme", "ring"], "scheme 'ps'")):  # fmt: skip
         code, _, err = _run(["whatif", str(trace), *extra, "--plan", str(plan)], capsys)
         assert code == 2 and f"the plan is for {what}" in err, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["replay", "TRACE", "--timeline", "OUT"], ["whatif", "TRACE", "--amp", "--timeline", "OUT"],
+     ["calibrate", "--out", "OUT"], ["ooo", "profile", "mlp", "--out", "OUT"],
+     ["secopa", "--algorithm", "onebit", "--model", "mlp", "--nnodes", "2", "--bandwidth-mbps", "100", "--out", "OUT"]],
+)  # fmt: skip
+def test_existing_outputs_are_not_overwritten(tmp_path: Path, args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A file the user has (an edited plan, a calibration, a timeline) is refused before any work, unless --force."""
+    out = tmp_path / "mine.json"
+    out.write_text("precious")
+    argv = [str(_trace(tmp_path)) if a == "TRACE" else str(out) if a == "OUT" else a for a in args]
+    t0 = time.perf_counter()
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and "exists; pass --force" in err and str(out) in err
+    assert out.read_text() == "precious" and time.perf_counter() - t0 < 5  # refused before profiling or measuring
+    if args[0] in ("replay", "whatif"):  # with --force it is written
+        code, _, err = _run([*argv, "--force"], capsys)
+        assert code == 0, err
+        assert json.loads(out.read_text())["traceEvents"]

@@ -13,7 +13,7 @@ EXPECTED = {
 EXPECTED_VALIDATE = {"compress", "dp", "multistream", "ooo-dp", "pipeline"}
 EXPECTED_WHATIF_FLAGS = {
     "--amp", "--fused-optimizer", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
-    "--plan", "--scheme", "--world", "--rate", "--json", "--timeline",
+    "--plan", "--scheme", "--world", "--rate", "--json", "--timeline", "--force",
 }  # fmt: skip
 
 

@@ -43,10 +43,11 @@ def _parse_bytes(text: str) -> int:
 @click.option("--launch-seconds", type=float, default=None,
               help="with --launches: seconds of all-reduces per size in each launch after the first (default 0.3)")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the calibration JSON here")
+@click.option("--force", is_flag=True, help="overwrite an existing --out file")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def calibrate(
     world: int, rate: float | None, delay: float, min_bytes: str, max_bytes: str, reps: int, realtime: bool,
-    pin: bool, launches: int, launch_seconds: float | None, out: str | None, as_json: bool,
+    pin: bool, launches: int, launch_seconds: float | None, out: str | None, force: bool, as_json: bool,
 ) -> None:
     """Measure gloo all-reduce latency/bandwidth with torch.distributed and fit the model's constants."""
     from rich.console import Console
@@ -63,6 +64,9 @@ def calibrate(
     lo, hi = _parse_bytes(min_bytes), _parse_bytes(max_bytes)
     if not 0 < lo <= hi:
         raise UserError(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}; expected 0 < min <= max")
+    from trainsim.cli.core import check_new_file
+
+    check_new_file(out, force, "--out")
     with Console(stderr=True).status("measuring all-reduce times ..."):
         cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps,
                   realtime=realtime, pin=pin, launches=launches, small_budget_s=launch_seconds)

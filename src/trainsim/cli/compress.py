@@ -165,11 +165,12 @@ def _measure_comm(world: int) -> dict[str, Any]:
 @click.option("--measure-comm", is_flag=True, help="Measure gather/bcast/send with N local gloo processes.")
 @click.option("--quick", is_flag=True, help="Fewer calibration sizes (seconds instead of tens).")
 @click.option("--out", default="secopa_plan.yaml", show_default=True, help="Where to write the plan.")
+@click.option("--force", is_flag=True, help="Overwrite an existing plan (edits in it are lost).")
 @JSON_OPT
 def secopa(
     algorithm: str, option_pairs: tuple[str, ...], topology: str, nnodes: int, model: str | None,
     sidecar: str | None, input_file: str | None, bandwidth_mbps: float | None, latency_ms: float,
-    measure_comm: bool, quick: bool, out: str, as_json: bool,
+    measure_comm: bool, quick: bool, out: str, force: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Calibrate the SeCoPa cost model on this machine and write a compression plan."""
     from trainsim.compress import make_codec
@@ -182,6 +183,9 @@ def secopa(
     options = _options(option_pairs)
     make_codec(algorithm, **options)  # bad names/options fail before calibrating
     grads = _gradients(model, sidecar, input_file)
+    from trainsim.cli.core import check_new_file
+
+    check_new_file(out, force, "--out")
     sizes = [1 << 10, 1 << 14, 1 << 18] if quick else [1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20, 1 << 22]
     from rich.console import Console
 

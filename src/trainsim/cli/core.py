@@ -21,6 +21,14 @@ import click
 from trainsim.errors import UserError
 
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+FORCE_OPT = click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+
+
+def check_new_file(path: str | None, force: bool, option: str) -> None:
+    """Refuse, before any work, to write over a file that exists unless ``--force``: a command never
+    replaces something of the user's (a trace, an edited plan, a calibration) by surprise."""
+    if path and Path(path).exists() and not force:
+        raise UserError(f"{option} {path!r} exists; pass --force to overwrite it or choose another path")
 
 
 def _console() -> Any:
@@ -110,10 +118,12 @@ def _fmt(x: float | None) -> str:
 @click.argument("trace", type=click.Path(dir_okay=False))
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the simulated timeline (Chrome trace).")
-def replay(trace: str, as_json: bool, timeline: str | None) -> None:
+@FORCE_OPT
+def replay(trace: str, as_json: bool, timeline: str | None, force: bool) -> None:
     """Replay TRACE (a Kineto .json/.json.gz) and compare simulated with measured step times."""
     from trainsim.simulate.engine import simulate
 
+    check_new_file(timeline, force, "--timeline")
     g = _load(trace)
     res = simulate(g)
     out = _summary(g, res)
@@ -172,14 +182,16 @@ def _safe_write(path: str, res: Any) -> Path:
               help="Link rate, Mbit/s (--ooo-dp, --pipeline, --compress).")
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
+@FORCE_OPT
 def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
            pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str | None, world: int | None,
            stages: int,
-           microbatches: int, rate: float, as_json: bool, timeline: str | None) -> None:  # fmt: skip
+           microbatches: int, rate: float, as_json: bool, timeline: str | None, force: bool) -> None:  # fmt: skip
     """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, OOO backprop, pipelines)."""
     from trainsim.simulate.engine import simulate
     from trainsim.transform import whatifs
 
+    check_new_file(timeline, force, "--timeline")
     if ooo_dp is not None or pipeline is not None:
         _layer_whatif(trace, ooo_dp, pipeline, stages, microbatches, rate, as_json)
         return
@@ -323,8 +335,7 @@ def profile(model: str, steps: int, warmup: int, batch_size: int, threads: int, 
 
     cfg = ProfileConfig(model=model, steps=steps, warmup=warmup, batch_size=batch_size, threads=threads,
                         optimizer=optimizer, out=out)  # fmt: skip
-    if Path(out).exists() and not force:
-        raise UserError(f"--out {out!r} exists; pass --force to overwrite it or choose another path")
+    check_new_file(out, force, "--out")
     with Progress(transient=True, console=_console_err()) as bar:
         task = bar.add_task(f"profiling {model}", total=warmup + steps)
         path = run_profile(cfg, progress=lambda done, total: bar.update(task, completed=done))
@@ -348,11 +359,11 @@ def demo(model: str, out_dir: str) -> None:
     ctx.invoke(profile, model=model, steps=6, warmup=2, batch_size=32, threads=1, optimizer="sgd", out=trace,
                force=True)  # fmt: skip
     click.echo("\n2) replaying the trace: simulated vs measured step time")
-    ctx.invoke(replay, trace=trace, as_json=False, timeline=str(Path(out_dir) / f"{model}.sim.json"))
+    ctx.invoke(replay, trace=trace, as_json=False, timeline=str(Path(out_dir) / f"{model}.sim.json"), force=True)
     click.echo(f"   simulated timeline (open in https://ui.perfetto.dev): {Path(out_dir) / f'{model}.sim.json'}")
     click.echo("\n3) what if the optimizer were fused, and convolutions / matmuls twice as fast?")
     ctx.invoke(whatif, trace=trace, amp=False, fused_optimizer=True,
                scales=("kind:cpu,name:convolution|addmm|aten::mm=0.5",), ooo_dp=None, pipeline=None,
                compress=None, plan_file=None, scheme="allgather", world=2, stages=1, microbatches=4, rate=1000.0,
-               as_json=False, timeline=None)  # fmt: skip
+               as_json=False, timeline=None, force=False)  # fmt: skip
     sys.stdout.flush()

@@ -58,8 +58,9 @@ def ooo() -> None:
                    "the input of `ooo multistream` on a GPU")  # fmt: skip
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), help="with --streams; default cuda if present")
 @click.option("--out", type=click.Path(dir_okay=False), required=True)
+@click.option("--force", is_flag=True, help="overwrite an existing --out file")
 def profile_cmd(
-    model: str, batch_sizes: str, blocks: int, reps: int, streams: bool, device: str | None, out: str
+    model: str, batch_sizes: str, blocks: int, reps: int, streams: bool, device: str | None, out: str, force: bool
 ) -> None:
     """Per-layer forward / backward-input / backward-weight / update times of a zoo model (one CPU thread)."""
     from trainsim.capture.layerprofile import LayerProfile, profile_layers
@@ -73,6 +74,9 @@ def profile_cmd(
     sizes = _ints(batch_sizes, "--batch-sizes")
     if device and not streams:
         raise UserError("ooo profile: --device goes with --streams (the per-layer profile runs on the CPU)")
+    from trainsim.cli.core import check_new_file
+
+    check_new_file(out, force, "--out")
     if not streams:
         click.echo(str(profile_layers(model, batch_sizes=sizes, reps=reps, zoo=zoo).save(out)))
         return
