@@ -185,8 +185,8 @@ def _safe_write(path: str, res: Any) -> Path:
 @FORCE_OPT
 def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
            pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str | None, world: int | None,
-           stages: int,
-           microbatches: int, rate: float, as_json: bool, timeline: str | None, force: bool) -> None:  # fmt: skip
+           stages: int, microbatches: int, rate: float, as_json: bool, timeline: str | None,
+           force: bool) -> None:  # fmt: skip
     """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, OOO backprop, pipelines)."""
     from trainsim.simulate.engine import simulate
     from trainsim.transform import whatifs
