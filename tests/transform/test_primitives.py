@@ -85,3 +85,25 @@ def test_schedule_sets_policy_and_priority() -> None:
         schedule(g, "tpu", "priority")
     with pytest.raises(UserError, match="unknown policy"):
         schedule(g, "gpu", "random")
+
+
+@pytest.mark.parametrize(
+    ("sel", "message"),
+    [([5], "names task 5; expected task indices 0..4"), ([-1], "names task -1"),  # not the last task, wrapped
+     ([0.5], "dtype float64"), (np.ones(3, bool), "shape (3,)")],
+)  # fmt: skip
+def test_a_selection_outside_the_graph_is_refused(sel: object, message: str) -> None:
+    """Index selections name tasks that exist (an IndexError before, and -1 quietly took the last task)."""
+    g = _chain()
+    for op in (lambda: scale(g, sel, 2.0), lambda: remove(g, sel), lambda: set_duration(g, sel, 1.0)):  # type: ignore[arg-type]
+        with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            op()
+    assert scale(g, [], 2.0).dur_us.tolist() == g.dur_us.tolist()  # an empty selection is fine
+
+
+@pytest.mark.parametrize("field", ["order", "priority"])
+def test_insert_refuses_a_non_finite_order_or_priority(field: str) -> None:
+    g = _chain()
+    kw = {"order": 0.0, "priority": 0.0, field: float("nan")}
+    with pytest.raises(UserError, match=f"insert: {field} must be finite"):
+        insert(g, name="x", kind=TaskKind.COMM, resource="net", dur_us=1.0, **kw)  # type: ignore[arg-type]

@@ -97,8 +97,14 @@ def _mask(g: TaskGraph, sel: Mask | Sequence[int] | np.ndarray) -> Mask:
         if arr.shape != (g.n_tasks,):
             raise UserError(f"selection has shape {arr.shape}; expected ({g.n_tasks},)")
         return arr
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise UserError(f"selection of dtype {arr.dtype}; expected a boolean mask or task indices")
+    idx = arr.astype(np.int64).ravel()
+    bad = idx[(idx < 0) | (idx >= g.n_tasks)]
+    if bad.size:  # a negative index would wrap around to a task at the end: refuse it too
+        raise UserError(f"selection names task {int(bad[0])}; expected task indices 0..{g.n_tasks - 1}")
     m = np.zeros(g.n_tasks, np.bool_)
-    m[arr.astype(np.int64)] = True
+    m[idx] = True
     return m
 
 
@@ -159,6 +165,9 @@ def insert(
             index[rn] = len(resources)
             resources.append(Resource(rn, resource_kind))
         rid[i] = index[rn]
+    for what, v in (("order", order), ("priority", priority)):
+        if not np.isfinite(np.asarray(v, np.float64)).all():
+            raise UserError(f"insert: {what} must be finite numbers")
     extra = [*names, *(x for x in layers if x is not None)] + ([group] if group else [])
     symbols, sidx = concat_symbols(g.symbols, extra)
     new: dict[str, Any] = {
