@@ -80,3 +80,15 @@ def test_fair_share() -> None:
     # disjoint transfers do not interact; latency is added
     lat = Link(name="l", bw_gbps=1.0, latency_us=5.0)
     assert fair_share_us([0, 5000], [MB, MB], lat).tolist() == pytest.approx([1005.0, 6005.0])
+
+
+@pytest.mark.parametrize(("starts", "sizes"), [([float("nan")], [MB]), ([0.0], [float("nan")]), ([0.0], [float("inf")])])
+def test_fair_share_refuses_non_finite_input(starts: list[float], sizes: list[float]) -> None:
+    """Its fluid simulation never ended on a NaN or infinite transfer (found 2026-11-26)."""
+    with pytest.raises(UserError, match="must be finite"):
+        fair_share_us(starts, sizes, Link(name="t", bw_gbps=1.0, latency_us=0.0))
+
+
+def test_collective_refuses_a_nan_size() -> None:
+    with pytest.raises(UserError, match="expected a finite number >= 0"):
+        ring_allreduce_us(float("nan"), 4, Link(name="t", bw_gbps=1.0, latency_us=0.0))

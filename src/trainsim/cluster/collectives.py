@@ -28,8 +28,8 @@ from trainsim.errors import UserError
 
 
 def _check(size_bytes: float, p: int) -> None:
-    if size_bytes < 0:
-        raise UserError(f"collective size {size_bytes!r} bytes; expected >= 0")
+    if not 0 <= size_bytes < float("inf"):  # NaN too
+        raise UserError(f"collective size {size_bytes!r} bytes; expected a finite number >= 0")
     if p < 1:
         raise UserError(f"collective over {p!r} ranks; expected >= 1")
 
@@ -167,6 +167,8 @@ def fair_share_us(start_us: Sequence[float], size_bytes: Sequence[float], link: 
     left = np.asarray(size_bytes, dtype=float).copy()
     if starts.shape != left.shape:
         raise UserError("fair_share_us: start_us and size_bytes differ in length")
+    if not (np.isfinite(left).all() and np.isfinite(starts).all()):  # the loop below would never end
+        raise UserError("fair_share_us: start times and sizes must be finite numbers")
     if (left < 0).any():
         raise UserError("fair_share_us: negative transfer size")
     n = len(left)
