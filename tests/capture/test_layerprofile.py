@@ -35,6 +35,18 @@ def test_errors(tmp_path: Path) -> None:
         LayerProfile.load(bad)
     with pytest.raises(UserError, match="no such layer profile"):
         LayerProfile.load(tmp_path / "missing.json")
+    bad.write_text("not json")  # a JSONDecodeError traceback before 2026-11-26
+    with pytest.raises(UserError, match="bad.json: cannot read a layer profile"):
+        LayerProfile.load(bad)
+    row = {f: 1.0 for f in FIELDS} | {"name": "fc", "param_bytes": 4, "out_bytes": 4}
+    for field, value in (("fwd_us", -5.0), ("bwd_us", float("nan")), ("out_bytes", "7"), ("opt_us", True)):
+        data = {"model": "m", "threads": 1, "reps": 1, "machine": "x",
+                "by_batch": {"8": {"loss_us": 1.0, "layers": [row | {field: value}]}}}  # fmt: skip
+        with pytest.raises(UserError, match=rf"src: by_batch\[8\]\.layers\[0\]\.{field} = .*expected a finite"):
+            LayerProfile.from_json(data, "src")
+    empty = {"model": "m", "threads": 1, "reps": 1, "machine": "x", "by_batch": {}}
+    with pytest.raises(UserError, match="by_batch is empty"):
+        LayerProfile.from_json(empty, "src")
 
 
 def test_a_scaled_profile_scales_every_time_and_no_size() -> None:

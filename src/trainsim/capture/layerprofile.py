@@ -97,14 +97,26 @@ class LayerProfile:
     def from_json(cls, data: dict[str, Any], source: str = "<json>") -> LayerProfile:
         try:
             by_batch = {int(b): v for b, v in data["by_batch"].items()}
-            for v in by_batch.values():
-                for row in v["layers"]:
-                    for f in (*FIELDS, "name", "param_bytes", "out_bytes"):
-                        row[f]
+            for b, v in by_batch.items():
+                if not v["layers"]:
+                    raise UserError(f"{source}: by_batch[{b}] has no layers")
+                for i, row in enumerate(v["layers"]):
+                    for f in (*FIELDS, "param_bytes", "out_bytes"):
+                        x = row[f]
+                        # a time or size that is not a finite number >= 0 would replay as nonsense
+                        if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x < float("inf"):
+                            raise UserError(
+                                f"{source}: by_batch[{b}].layers[{i}].{f} = {x!r}; expected a finite number >= 0"
+                            )
+                    str(row["name"])
+            if not by_batch:
+                raise UserError(f"{source}: by_batch is empty; expected the profile at one batch size or more")
             return cls(
                 str(data["model"]), int(data["threads"]), int(data["reps"]), str(data["machine"]), by_batch
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except UserError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(
                 f"{source}: not a trainsim layer profile ({exc!r}); expected the layout in "
                 "trainsim.capture.layerprofile"
@@ -120,7 +132,11 @@ class LayerProfile:
         p = Path(path)
         if not p.exists():
             raise UserError(f"{p}: no such layer profile")
-        return cls.from_json(json.loads(p.read_text()), str(p))
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UserError(f"{p}: cannot read a layer profile ({exc})") from None
+        return cls.from_json(data, str(p))
 
 
 def _update(layer: Any, opt: Any) -> tuple[float, float, float]:
