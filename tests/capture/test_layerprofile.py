@@ -36,7 +36,7 @@ def test_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no such layer profile"):
         LayerProfile.load(tmp_path / "missing.json")
     bad.write_text("not json")  # a JSONDecodeError traceback before 2026-11-26
-    with pytest.raises(UserError, match="bad.json: cannot read a layer profile"):
+    with pytest.raises(UserError, match=r"bad\.json: cannot read a layer profile"):
         LayerProfile.load(bad)
     row = {f: 1.0 for f in FIELDS} | {"name": "fc", "param_bytes": 4, "out_bytes": 4}
     for field, value in (("fwd_us", -5.0), ("bwd_us", float("nan")), ("out_bytes", "7"), ("opt_us", True)):
