@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,17 @@ def test_estimate_zero_model_size_is_refused(field: str, capsys: pytest.CaptureF
     rc, _, err = _run(args, capsys)
     assert rc == 2
     assert f"Invalid value for '--{field}'" in err
+
+
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [("{gpu: zz, count: 8}", "groups[0].gpu: unknown GPU 'zz'"),
+     ("{gpu: h100, count: 16, gpu_per_node: 4}", "groups[0]: unknown key(s) ['gpu_per_node']")],
+)  # fmt: skip
+def test_cluster_file_errors_name_the_group(tmp_path: Path, group: str, message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A misspelt key was ignored (gpus_per_node fell back to 8), an unknown GPU did not name the file."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"groups:\n  - {group}\n")
+    rc, _, err = _run(["estimate", "--model", "llama2-7b", "--global-batch", "8", "--cluster", str(f)], capsys)
+    assert rc == 2 and err.startswith(f"trainsim: error: {f}: {message}") and len(err.strip().splitlines()) == 1

@@ -174,11 +174,18 @@ def load_cluster(path: str) -> Cluster:
     for i, g in enumerate(data["groups"]):
         if not isinstance(g, dict) or "gpu" not in g or "count" not in g:
             raise UserError(f"{path}: groups[{i}]: expected keys 'gpu' and 'count'")
+        unknown = sorted(set(g) - {"gpu", "count", "gpus_per_node"})
+        if unknown:  # a misspelt gpus_per_node would otherwise fall back to 8 unseen
+            raise UserError(f"{path}: groups[{i}]: unknown key(s) {unknown}; expected gpu, count, gpus_per_node")
         n = g["count"]
         if not isinstance(n, int) or n < 1:
             raise UserError(f"{path}: groups[{i}].count={n!r}; expected a positive integer")
         gpn = g.get("gpus_per_node", 8)
         if not isinstance(gpn, int) or gpn < 1:
             raise UserError(f"{path}: groups[{i}].gpus_per_node={gpn!r}; expected a positive integer")
-        groups.append(NodeGroup(gpu=gpu(str(g["gpu"])), count=n, gpus_per_node=min(gpn, n)))
+        try:
+            kind = gpu(str(g["gpu"]))
+        except UserError as exc:
+            raise UserError(f"{path}: groups[{i}].gpu: {exc}") from None
+        groups.append(NodeGroup(gpu=kind, count=n, gpus_per_node=min(gpn, n)))
     return Cluster(groups=tuple(groups))
