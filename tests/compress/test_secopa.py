@@ -85,6 +85,15 @@ def test_plan_file_round_trip_and_edit(tmp_path: Path) -> None:
         ("algorithm: tbq\ntopology: ps\nworld_size: 2\ngradients: [{name: w, compress: true, partitions: 3}]\n",
          "partitions=3; expected 1..2"),
         ("algorithm: [unclosed\n", "not valid YAML"),
+        # found 2026-11-26: taken at load, and a traceback or a wrong plan later
+        ("algorithm: zip\ntopology: ps\nworld_size: 2\ngradients: []\n", "unknown compression algorithm 'zip'"),
+        ("algorithm: topk\noptions: {ratio: 5}\ntopology: ps\nworld_size: 2\ngradients: []\n", "ratio=5"),
+        ("algorithm: tbq\ntopology: ps\nworld_size: 2\ngradients: [{name: w, compress: true},"
+         " {name: w, compress: false}]\n", "'w' is planned twice"),
+        ("algorithm: tbq\ntopology: ps\nworld_size: 2\ngradients: [{name: w, compress: true, numel: -4}]\n",
+         "numel=-4; expected an integer >= 0"),
+        ("algorithm: tbq\ntopology: ps\nworld_size: 2\ngradients: [{name: w, compress: true, orig_ms: x}]\n",
+         "orig_ms / comp_ms must be numbers"),
     ],
 )  # fmt: skip
 def test_malformed_plans(tmp_path: Path, text: str, match: str) -> None:

@@ -203,22 +203,38 @@ class Plan:
             raise UserError(f"{source}: world_size={world!r}; expected an integer >= 1")
         if not isinstance(data["gradients"], list):
             raise UserError(f"{source}: gradients must be a list of {{name, numel, compress, partitions}}")
+        options, constants = data.get("options") or {}, data.get("constants") or {}
+        for key, value in (("options", options), ("constants", constants)):
+            if not isinstance(value, dict):
+                raise UserError(f"{source}: {key}={value!r}; expected a mapping")
+        from trainsim.compress import make_codec
+
+        try:  # the hooks build this codec from the plan: an unknown name or a bad option fails here
+            make_codec(str(data["algorithm"]), **options)
+        except UserError as exc:
+            raise UserError(f"{source}: {exc}") from None
         grads: dict[str, GradientPlan] = {}
         for i, g in enumerate(data["gradients"]):
             where = f"{source}: gradients[{i}]"
             if not isinstance(g, dict) or "name" not in g or "compress" not in g:
                 raise UserError(f"{where}: expected a mapping with at least name and compress")
+            name = str(g["name"])
+            if name in grads:
+                raise UserError(f"{where}: {name!r} is planned twice; expected one entry per gradient")
             if not isinstance(g["compress"], bool):
-                raise UserError(f"{where} ({g['name']}): compress={g['compress']!r}; expected true or false")
+                raise UserError(f"{where} ({name}): compress={g['compress']!r}; expected true or false")
             parts = g.get("partitions", 1)
             if not isinstance(parts, int) or not 1 <= parts <= max(1, world):
-                raise UserError(f"{where} ({g['name']}): partitions={parts!r}; expected 1..{world}")
-            grads[str(g["name"])] = GradientPlan(
-                str(g["name"]), int(g.get("numel", 0)), g["compress"], parts,
-                float(g.get("orig_ms", "nan")), float(g.get("comp_ms", "nan")),
-            )  # fmt: skip
-        return Plan(str(data["algorithm"]), topology, world, grads, dict(data.get("options") or {}),
-                    dict(data.get("constants") or {}), source)  # fmt: skip
+                raise UserError(f"{where} ({name}): partitions={parts!r}; expected 1..{world}")
+            numel = g.get("numel", 0)
+            if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+                raise UserError(f"{where} ({name}): numel={numel!r}; expected an integer >= 0")
+            try:  # the model's predictions, for the reader: any number, or absent
+                orig_ms, comp_ms = float(g.get("orig_ms", "nan")), float(g.get("comp_ms", "nan"))
+            except (TypeError, ValueError):
+                raise UserError(f"{where} ({name}): orig_ms / comp_ms must be numbers") from None
+            grads[name] = GradientPlan(name, numel, g["compress"], parts, orig_ms, comp_ms)
+        return Plan(str(data["algorithm"]), topology, world, grads, dict(options), dict(constants), source)
 
 
 def decide(m: int, r: float, c: Constants, topology: str, world_size: int) -> GradientPlan:
