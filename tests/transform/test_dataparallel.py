@@ -134,6 +134,8 @@ def test_world_one_and_no_params() -> None:
         data_parallel(g, [], layers, DPConfig(world=2), comm_us=lambda n: 1.0)
     with pytest.raises(UserError, match="no parameters"):
         read_params({"model": "x", "params": []})
+    with pytest.raises(UserError, match=r"params\[0\] \(w\): numel=-5, bytes=-20; expected >= 0"):
+        read_params({"params": [{"name": "w", "layer": "fc", "numel": -5, "bytes": -20}]})
     with pytest.raises(UserError):
         DPConfig(world=0)
 

@@ -152,6 +152,9 @@ def read_params(sidecar: str | Path | dict[str, Any]) -> tuple[list[ParamInfo], 
         ]
     except (KeyError, TypeError, ValueError):
         raise UserError(f"{where}: params need name, layer, numel and bytes") from None
+    for i, q in enumerate(params):
+        if q.numel < 0 or q.size_bytes < 0:
+            raise UserError(f"{where}: params[{i}] ({q.name}): numel={q.numel}, bytes={q.size_bytes}; expected >= 0")
     layers = [str(x) for x in data.get("layers", [])]
     for q in params:
         if q.layer not in layers:
