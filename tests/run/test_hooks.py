@@ -332,6 +332,9 @@ def _bad_input_worker(rank: int, port: int, out_dir: str) -> None:
             messages[label] = str(exc)
 
     expect("algo", lambda: CompressionState("nope", model=model))
+    from trainsim.run.hooks import hook_for
+
+    expect("hook_for", lambda: hook_for("nope"))  # it returned the generic hook for any name
     expect("ratio", lambda: CompressionState("topk", model=model, ratio=-1))
     expect("rank", lambda: CompressionState("powersgd", model=model, rank=0))
     expect("scheme", lambda: CompressionState("onebit", model=model, scheme="tree"))
@@ -362,7 +365,7 @@ def _bad_input_worker(rank: int, port: int, out_dir: str) -> None:
      ("scheme", "unknown scheme 'tree'"), ("powersgd_ps", "scheme must be 'allgather'"), ("gather", "gather='ring'"),
      ("plan", "ghost.weight"), ("plan_world", "world_size=4"), ("backend", "backend 'mpi' is not supported"),
      ("nccl_cpu_bucket", "backend 'nccl' takes cuda tensors, but this DDP bucket is on cpu"),
-     ("per_device_backend", "no error")],
+     ("per_device_backend", "no error"), ("hook_for", "unknown compression algorithm 'nope'")],
 )  # fmt: skip
 def test_bad_input(bad_inputs: dict[str, str], label: str, needle: str) -> None:
     assert needle in bad_inputs[label]
