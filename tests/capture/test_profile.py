@@ -49,3 +49,23 @@ def test_profile_config_rejects_bad_values() -> None:
 def test_unknown_model(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="unknown model"):
         profile(ProfileConfig(model="resnet9000", out=str(tmp_path / "x.json")))
+
+
+def test_a_user_model_from_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--model module:function`` finds a module in the current folder, as ``python -m`` would (the
+    console script's path lacks it), and says what is wrong with a bad one."""
+    (tmp_path / "my_models.py").write_text(
+        "import torch\n"
+        "def small():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 4)), (torch.randn(16, 8), torch.randint(0, 4, (16,)))\n"
+        "def not_a_model():\n"
+        "    return 'x', (1, 2)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    out = profile(ProfileConfig(model="my_models:small", steps=2, warmup=1, out=str(tmp_path / "t.json")))
+    assert load_trace(str(out)).n_tasks > 0
+    for spec, message in (("my_models:not_a_model", "expected a torch.nn.Module"), (":small", "expected 'package"),
+                          ("my_models:missing", "has no attribute 'missing'")):  # fmt: skip
+        with pytest.raises(UserError, match=message):
+            profile(ProfileConfig(model=spec, out=str(tmp_path / "u.json")))

@@ -79,15 +79,30 @@ def load_model(spec: str, batch_size: int, seed: int) -> tuple[Any, Callable[[in
 
     if ":" not in spec:
         return zoo.build_with_batches(spec, seed=seed, spec=zoo.ZooSpec(batch_size=batch_size))
+    import sys
+
+    import torch
+
     mod_name, _, fn_name = spec.partition(":")
+    if not mod_name or not fn_name:
+        raise UserError(f"--model {spec!r}: expected 'package.module:function'")
+    # like ``python -m``, a module in the current folder is found (a console script's path lacks it)
+    added = "" not in sys.path and str(Path.cwd()) not in sys.path
+    if added:
+        sys.path.insert(0, str(Path.cwd()))
     try:
         fn = getattr(importlib.import_module(mod_name), fn_name)
     except (ImportError, AttributeError) as exc:
         raise UserError(f"--model {spec!r}: cannot import ({exc}); expected 'package.module:function'") from None
+    finally:
+        if added:
+            sys.path.remove(str(Path.cwd()))
     result = fn()
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], tuple) and len(result[1]) == 2):
         raise UserError(f"--model {spec!r}: the function must return (model, (inputs, targets))")
     model, batch = result
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"--model {spec!r}: the model it returned is a {type(model).__name__}; expected a torch.nn.Module")
     return model, lambda _step: batch
 
 
