@@ -116,3 +116,19 @@ def test_cluster_file_errors_name_the_group(tmp_path: Path, group: str, message:
     f.write_text(f"groups:\n  - {group}\n")
     rc, _, err = _run(["estimate", "--model", "llama2-7b", "--global-batch", "8", "--cluster", str(f)], capsys)
     assert rc == 2 and err.startswith(f"trainsim: error: {f}: {message}") and len(err.strip().splitlines()) == 1
+
+
+def test_a_preset_with_dimensions_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """--layers with --model used to be ignored without a word: on a transformer preset it now overrides the
+    preset's value (half the layers, about half the step), on a CNN it is refused."""
+    base = ["estimate", "--model", "gpt3-175b", "--global-batch", "1536", "--gpu", "a100-80gb", "--gpus", "1024",
+            "--tp", "8", "--pp", "8", "--json"]  # fmt: skip
+    rc, out, _ = _run(base, capsys)
+    full = json.loads(out)
+    rc2, out, _ = _run([*base, "--layers", "48"], capsys)
+    half = json.loads(out)
+    assert rc == rc2 == 0 and half["model"] == "gpt3-175b-custom"
+    assert 0.4 < half["step_s"] / full["step_s"] < 0.6
+    rc, _, err = _run(["estimate", "--model", "resnet50", "--global-batch", "8", "--gpu", "h100", "--gpus", "8",
+                       "--layers", "3"], capsys)  # fmt: skip
+    assert rc == 2 and "resnet50 is not a transformer; --layers do not apply" in err

@@ -59,11 +59,17 @@ def build_model(kw: dict[str, Any]) -> Any:
     from trainsim.plan.workload import Transformer, preset
 
     if kw.get("preset"):
-        m = preset(kw["preset"])
-        if kw.get("flash_attention") and isinstance(m, Transformer):
-            from dataclasses import replace
+        from dataclasses import replace
 
-            m = replace(m, flash_attention=True)
+        m = preset(kw["preset"])
+        dims = {k: kw[k] for k in ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn_hidden") if kw.get(k)}
+        if dims and not isinstance(m, Transformer):  # they would be ignored
+            raise UserError(f"--model {kw['preset']} is not a transformer; "
+                            f"{', '.join('--' + k.replace('_', '-') for k in dims)} do not apply to it")  # fmt: skip
+        if isinstance(m, Transformer):  # the preset with the dimensions given on the command line
+            m = replace(m, **dims, name=m.name if not dims else f"{m.name}-custom")
+            if kw.get("flash_attention"):
+                m = replace(m, flash_attention=True)
         return m
     missing = [f"--{k}" for k in ("layers", "hidden", "heads", "seq", "vocab") if kw.get(k) is None]
     if missing:
