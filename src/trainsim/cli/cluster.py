@@ -55,10 +55,6 @@ def calibrate(
 
     from trainsim.cluster.calibrate import calibrate as run
 
-    if rate is not None and not rate > 0:
-        raise UserError(f"--rate {rate}; expected a bandwidth > 0 Mbit/s")
-    if not delay >= 0:
-        raise UserError(f"--delay {delay}; expected a latency >= 0 ms")
     if launch_seconds is not None and not launch_seconds > 0:
         raise UserError(f"--launch-seconds {launch_seconds}; expected > 0 seconds")
     lo, hi = _parse_bytes(min_bytes), _parse_bytes(max_bytes)

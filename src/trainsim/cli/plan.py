@@ -95,8 +95,6 @@ def build_cluster(kw: dict[str, Any]) -> Any:
         return parse_groups(list(kw["gpu_groups"]), kw["gpus_per_node"])
     if not kw.get("gpu") or kw.get("gpus") is None:
         raise UserError("no cluster: give --gpu NAME --gpus N, --gpu-group NAME:COUNT, or --cluster FILE")
-    if kw["gpus"] < 1:
-        raise UserError(f"--gpus {kw['gpus']}; expected a positive integer")
     return homogeneous(kw["gpu"], kw["gpus"], kw["gpus_per_node"])
 
 

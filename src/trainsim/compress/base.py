@@ -149,12 +149,18 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_codec(name: str, **options: Any) -> Codec:
-    """The codec registered as ``name``; ``UserError`` listing the known names on a miss."""
+def registered(name: str) -> Factory:
+    """The factory registered as ``name``; ``UserError`` listing the known names on a miss."""
     known = names()
     factory = _REGISTRY.get(name)
     if factory is None:
         raise UserError(f"unknown compression algorithm {name!r}; expected one of: {', '.join(known)}")
+    return factory
+
+
+def make_codec(name: str, **options: Any) -> Codec:
+    """The codec registered as ``name``; ``UserError`` listing the known names on a miss."""
+    factory = registered(name)
     try:
         return factory(**options)
     except TypeError as exc:

@@ -576,8 +576,7 @@ def powersgd_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.fut
 def hook_for(algorithm: str) -> Callable[[CompressionState, dist.GradBucket], torch.futures.Future[Tensor]]:
     """The hook to register for ``algorithm`` (all algorithms share ``compress_hook``); UserError for a
     name that is not registered."""
-    from trainsim.compress.base import names
+    from trainsim.compress.base import registered
 
-    if algorithm not in names():  # checked here, not at the first bucket
-        raise UserError(f"unknown compression algorithm {algorithm!r}; expected one of: {', '.join(names())}")
+    registered(algorithm)  # the name is checked here, not at the first bucket
     return powersgd_hook if algorithm == "powersgd" else compress_hook
