@@ -53,7 +53,7 @@ def test_estimate_llama_gqa_and_cluster_file(tmp_path, capsys: pytest.CaptureFix
         (["--gpus", "0"], "Invalid value for '--gpus'"),
         (["--gpus", "8", "--tp", "0"], "Invalid value for '--tp'"),  # a ZeroDivisionError traceback before
         (["--gpus", "8", "--micro-batch", "0"], "Invalid value for '--micro-batch'"),  # taken as "the fastest"
-        (["--gpus", "8", "--gpu-group", "h100:8"], "--gpu-group and --gpu both describe the cluster"),
+        (["--gpus", "8", "--gpu-group", "h100:8"], "--gpu-group and --gpu/--gpus both describe the cluster"),
     ],
 )
 def test_estimate_bad_input_exit_2(args: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:

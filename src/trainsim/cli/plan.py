@@ -84,8 +84,8 @@ def build_model(kw: dict[str, Any]) -> Any:
 def build_cluster(kw: dict[str, Any]) -> Any:
     from trainsim.plan.devices import homogeneous, load_cluster, parse_groups
 
-    given = [f for f, k in (("--cluster", "cluster_file"), ("--gpu-group", "gpu_groups"), ("--gpu", "gpu"))
-             if kw.get(k)]  # fmt: skip
+    given = [f for f, on in (("--cluster", kw.get("cluster_file")), ("--gpu-group", kw.get("gpu_groups")),
+                             ("--gpu/--gpus", kw.get("gpu") or kw.get("gpus") is not None)) if on]  # fmt: skip
     if len(given) > 1:  # one would be used and the other dropped unseen
         raise UserError(f"{' and '.join(given)} both describe the cluster; give one of --gpu NAME --gpus N, "
                         "--gpu-group NAME:COUNT, or --cluster FILE")  # fmt: skip
