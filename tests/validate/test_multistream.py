@@ -18,7 +18,10 @@ from trainsim.cli.main import main
 
 def test_quick_json_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "multistream", "--quick", "--json", "--device", "cpu"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    # the progress goes to stderr with --json too (the harnesses were silent for minutes), stdout holds the JSON
+    assert "measured" in captured.err and "s " in captured.err
     assert out["device"] == "cpu"
     assert [r["config"]["mode"] for r in out["runs"]] == ["one stream", "two streams, BWD i", "two streams, searched"]
     for r in out["runs"]:
@@ -50,3 +53,17 @@ def test_cuda_asked_for_without_one(capsys: pytest.CaptureFixture[str]) -> None:
         pytest.skip("this machine has a CUDA device")
     assert main(["validate", "multistream", "--device", "cuda", "--quick"]) == 2
     assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_progress_log_stamps_the_seconds() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from trainsim.validate import progress_log
+
+    buf = StringIO()
+    log = progress_log(Console(file=buf, no_color=True, width=200))
+    log("profiling mlp")
+    line = buf.getvalue().strip()
+    assert line.endswith("s profiling mlp") and 0 <= float(line.split("s ", 1)[0]) < 5

@@ -35,6 +35,7 @@ from typing import Any
 import click
 
 from trainsim.errors import UserError
+from trainsim.validate import progress_log
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -362,10 +363,9 @@ def compress_command(
     else:
         configs = [RunConfig(**{**asdict(c), "model": model}) for c in (QUICK if quick else FULL)]
     err = Console(stderr=True)
-    t0 = time.monotonic()
     results, notes = run_harness(
         configs, steps=3 if quick else steps, warmup=warmup, reps=2 if quick else 3, passes=passes,
-        log=(lambda s: None) if as_json else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+        log=progress_log(err),
     )  # fmt: skip
     for n in notes:
         err.print(f"[yellow]note:[/] {n}")

@@ -46,6 +46,7 @@ from typing import Any, Protocol, TypeVar, cast
 import click
 
 from trainsim.errors import UserError
+from trainsim.validate import progress_log
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -671,10 +672,9 @@ def dp_command(
         if c.model not in MODELS:
             raise UserError(f"validate dp: unknown model {c.model!r}; expected one of {', '.join(sorted(MODELS))}")
     err = Console(stderr=True)
-    t0 = time.monotonic()
     results, notes = run_harness(
         configs, steps=4 if quick else steps, warmup=2 if quick else warmup, reps=3 if quick else 5,
-        log=(lambda s: None) if as_json else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+        log=progress_log(err),
         torchrun=torchrun,
         corun=not no_corun,
         passes=passes,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import click
 
 from trainsim.errors import UserError
+from trainsim.validate import progress_log
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,17 +181,16 @@ def multistream_command(
     else:
         cases = QUICK if quick else FULL
     err = Console(stderr=True)
-    if dev == "cpu" and not as_json:
+    if dev == "cpu":
         err.print("[yellow]note:[/] no CUDA device: on the CPU the runner issues the split order on one "
                   "thread, so nothing overlaps; this checks the host model only")  # fmt: skip
-    t0 = time.monotonic()
     out = run_multistream_validation(
         cases,
         device=dev,
         rounds=1 if quick else rounds,
         reps=5 if quick else 15,
         steps=20 if quick else 50,
-        log=(lambda s: None) if as_json else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+        log=progress_log(err),
     )
     if as_json:
         slim = dict(out, cases=[{k: v for k, v in c.items() if k != "profile"} for c in out["cases"]])

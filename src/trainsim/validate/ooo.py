@@ -32,6 +32,7 @@ import click
 
 from trainsim.errors import UserError
 from trainsim.run.ranks import free_port, free_ports
+from trainsim.validate import progress_log
 
 if TYPE_CHECKING:
     from trainsim.transform.ooo import HostTerms
@@ -446,15 +447,12 @@ def ooo_dp_command(
             if c.k is not None:
                 check_k(c.k, zoo_layer_count(c.model, c.batch_size, c.zoo()), c.model)
     err = Console(stderr=True)
-    t0 = time.monotonic()
     out = run_ooo_validation(
         cases,
         steps=6 if quick else steps,
         warmup=2 if quick else 3,
         passes=passes,
-        log=(lambda s: None)
-        if as_json
-        else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+        log=progress_log(err),
     )
     if as_json:
         click.echo(json.dumps(out))

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ import click
 
 from trainsim.errors import UserError
 from trainsim.run.ranks import free_port
+from trainsim.validate import progress_log
 
 SCHEDULE_SET: tuple[tuple[str, int], ...] = (
     ("GPipe", 1),
@@ -458,7 +458,6 @@ def pipeline_command(
     )
     check_case(case)
     err = Console(stderr=True)
-    t0 = time.monotonic()
     out = run_pipeline_validation(
         case,
         steps=5 if quick else steps,
@@ -466,9 +465,7 @@ def pipeline_command(
         rank_gap_pct=rank_gap,
         probe=not no_probe,
         passes=passes,
-        log=(lambda s: None)
-        if as_json
-        else (lambda s: err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {s}")),
+        log=progress_log(err),
     )
     if as_json:
         click.echo(json.dumps(out))
