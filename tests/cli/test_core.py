@@ -74,6 +74,7 @@ def test_bench_sim_json(capsys: pytest.CaptureFixture[str]) -> None:
         ["whatif", "TRACE", "--scale", "name:nothing=2"],
         ["replay", "TRACE", "--timeline", "out.png"],
         ["bench-sim", "--tasks", "0"],
+        ["bench-sim", "--seed", "-1"],  # numpy's ValueError traceback before
         ["no-such-command"],
         # before 2026-11-26 a zero rate was a ZeroDivisionError traceback, a negative one a task error
         ["whatif", "TRACE", "--pipeline", "GPipe", "--rate", "0"],

@@ -283,7 +283,7 @@ def _layer_whatif(trace: str, ooo_dp: str | None, pipeline: str | None, stages: 
 
 @click.command("bench-sim")
 @click.option("--tasks", type=click.IntRange(1, 50_000_000), default=1_000_000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="Best of N replays.")
 @JSON_OPT
 def bench_sim(tasks: int, seed: int, repeat: int, as_json: bool) -> None:
