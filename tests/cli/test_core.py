@@ -188,3 +188,36 @@ def test_existing_outputs_are_not_overwritten(tmp_path: Path, args: list[str], c
         code, _, err = _run([*argv, "--force"], capsys)
         assert code == 0, err
         assert json.loads(out.read_text())["traceEvents"]
+
+
+def test_whatif_device_and_network(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The device and network what-ifs from the command line: a V100 trace's kernels on an H100 (compute-bound
+    ones by the FP16 peak ratio), and a trace's collectives on twice the bandwidth."""
+    trace = str(_trace(tmp_path))
+    code, out, err = _run(["whatif", trace, "--device", "h100", "--from-device", "v100", "--dtype", "fp16", "--json"],
+                          capsys)  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["whatif"] == ["device v100 -> h100-sxm (fp16)"] and doc["whatif_ms"] < doc["baseline_ms"]
+    for args, message in ((["--device", "h100"], "--device and --from-device go together"),
+                          (["--device", "tpu", "--from-device", "v100"], "unknown device 'tpu'"),
+                          (["--network-bw", "2"], "no communication tasks"),
+                          (["--from-cluster", "c.toml"], "--from-cluster goes with --network-cluster"),
+                          (["--network-bw", "0"], "Invalid value for '--network-bw'")):  # fmt: skip
+        code, _, err = _run(["whatif", trace, *args], capsys)
+        assert code == 2 and message in err, err
+    t = TraceMaker()  # one rank's step with a gloo all-reduce of 4 MB on the CPU
+    t.step(0, 0.0, 1000)
+    t.cpu("aten::linear", 10, 100)
+    t.cpu("gloo:all_reduce", 120, 800, **{"In msg nelems": 1_000_000, "dtype": "Float"})
+    t.cpu("Optimizer.step#SGD.step", 930, 50, cat="user_annotation")
+    comm = t.write(tmp_path / "comm.json")
+    code, out, err = _run(["whatif", str(comm), "--network-bw", "2", "--network-latency-us", "10", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["whatif"] == ["network x2 bandwidth, +10 us"] and doc["whatif_ms"] < doc["baseline_ms"]
+    fast = tmp_path / "fast.toml"
+    fast.write_text('nodes = 2\ndevices_per_node = 1\ndevice = "this-cpu"\ninter_link = "eth-100g"\n')
+    code, out, err = _run(["whatif", str(comm), "--network-cluster", str(fast), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["whatif"] == [f"network {fast}"]

@@ -13,7 +13,8 @@ EXPECTED = {
 EXPECTED_VALIDATE = {"compress", "dp", "multistream", "ooo-dp", "pipeline"}
 EXPECTED_WHATIF_FLAGS = {
     "--amp", "--fused-optimizer", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
-    "--plan", "--scheme", "--world", "--rate", "--json", "--timeline", "--force",
+    "--plan", "--scheme", "--world", "--rate", "--json", "--timeline", "--force", "--device", "--from-device",
+    "--dtype", "--network-cluster", "--from-cluster", "--network-bw", "--network-latency-us",
 }  # fmt: skip
 
 

@@ -51,6 +51,10 @@ def test_scale_network() -> None:
     assert g.dur_us.tolist() == pytest.approx([100.0, 555.0, 305.0])
     with pytest.raises(UserError):
         scale_network(_graph(), bw_factor=0)
+    b = GraphBuilder()
+    b.task("fwd", TaskKind.CPU, b.resource("cpu", ResourceKind.CPU_THREAD), 10.0)
+    with pytest.raises(UserError, match="no communication tasks"):  # it changed nothing, without a word
+        scale_network(b.build(), bw_factor=2.0)
 
 
 NCCL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "a100_nccl_2ranks_rank0.json.gz"

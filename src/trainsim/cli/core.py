@@ -180,13 +180,27 @@ def _safe_write(path: str, res: Any) -> Path:
 @click.option("--microbatches", type=click.IntRange(min=1), default=4, show_default=True, help="Pipeline microbatches.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True,
               help="Link rate, Mbit/s (--ooo-dp, --pipeline, --compress).")
+@click.option("--device", "dst_device", metavar="NAME",
+              help="Run the compute on this catalog device (with --from-device): roofline split of the tasks.")
+@click.option("--from-device", "src_device", metavar="NAME", help="The device TRACE was recorded on (for --device).")
+@click.option("--dtype", type=click.Choice(["fp32", "tf32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="Precision of the compute-bound tasks for --device.")
+@click.option("--network-cluster", "new_cluster", type=click.Path(dir_okay=False),
+              help="Re-time TRACE's collectives for this cluster file (the network it would run on).")
+@click.option("--from-cluster", "old_cluster", type=click.Path(dir_okay=False),
+              help="The cluster file of the network TRACE was recorded on (keeps the measured overheads).")
+@click.option("--network-bw", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Without a cluster model: communication this many times faster (2 = twice the bandwidth).")
+@click.option("--network-latency-us", type=click.FloatRange(min=0), default=None,
+              help="Without a cluster model: add this latency to every communication task.")
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
 @FORCE_OPT
 def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
            pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str | None, world: int | None,
-           stages: int, microbatches: int, rate: float, as_json: bool, timeline: str | None,
-           force: bool) -> None:  # fmt: skip
+           stages: int, microbatches: int, rate: float, dst_device: str | None, src_device: str | None, dtype: str,
+           new_cluster: str | None, old_cluster: str | None, network_bw: float | None,
+           network_latency_us: float | None, as_json: bool, timeline: str | None, force: bool) -> None:  # fmt: skip
     """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, OOO backprop, pipelines)."""
     from trainsim.simulate.engine import simulate
     from trainsim.transform import whatifs
@@ -219,10 +233,25 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
         return
     if plan_file is not None:
         raise UserError("--plan applies to --compress only")
-    if not (amp or fused_optimizer or scales):
-        raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --scale, --ooo-dp, --pipeline")
+    if (dst_device is None) != (src_device is None):
+        raise UserError("whatif: --device and --from-device go together (the device to run on, the one recorded on)")
+    if old_cluster is not None and new_cluster is None:
+        raise UserError("whatif: --from-cluster goes with --network-cluster")
+    network_scaled = network_bw is not None or network_latency_us is not None
+    if not (amp or fused_optimizer or scales or dst_device or new_cluster or network_scaled):
+        raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --scale, --device, "
+                        "--network-cluster, --network-bw, --network-latency-us, --ooo-dp, --pipeline, --compress")  # fmt: skip
     for s in scales:  # check the syntax before the (slower) trace load
         whatifs.parse_selector(s)
+    if dst_device is not None and src_device is not None:  # unknown names before the trace load
+        from trainsim.cluster.catalog import device
+
+        devices = (device(src_device), device(dst_device))
+    specs = None
+    if new_cluster is not None:
+        from trainsim.cluster.spec import load_cluster
+
+        specs = (load_cluster(new_cluster), load_cluster(old_cluster) if old_cluster else None)
     g = _load(trace)
     base = simulate(g)
     g2 = g
@@ -236,6 +265,21 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     for s in scales:
         g2 = whatifs.scale_selected(g2, s)
         applied.append(f"scale {s}")
+    if dst_device is not None:
+        from trainsim.transform.device import change_device
+
+        g2 = change_device(g2, src=devices[0], dst=devices[1], dtype=dtype)
+        applied.append(f"device {devices[0].name} -> {devices[1].name} ({dtype})")
+    if specs is not None:
+        from trainsim.transform.network import retime_collectives
+
+        g2 = retime_collectives(g2, new=specs[0], old=specs[1])
+        applied.append(f"network {new_cluster}" + (f" (recorded on {old_cluster})" if old_cluster else ""))
+    if network_scaled:
+        from trainsim.transform.network import scale_network
+
+        g2 = scale_network(g2, bw_factor=network_bw or 1.0, latency_add_us=network_latency_us or 0.0)
+        applied.append(f"network x{network_bw or 1.0:g} bandwidth, +{network_latency_us or 0.0:g} us")
     res = simulate(g2)
     out = _summary(g2, res)
     out["whatif"] = applied

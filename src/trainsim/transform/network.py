@@ -95,6 +95,8 @@ def scale_network(g: TaskGraph, *, bw_factor: float = 1.0, latency_add_us: float
     if not bw_factor > 0:
         raise UserError(f"scale_network: bw_factor={bw_factor!r}; expected > 0")
     comm = g.kind == TaskKind.COMM
+    if not comm.any():  # the what-if would change nothing without a word
+        raise UserError(f"{g.source}: no communication tasks to re-time (a single-process trace: see scaleout)")
     dur = g.dur_us.copy()
     dur[comm] = np.maximum(0.0, dur[comm] / bw_factor + latency_add_us)
     return g.with_columns(dur_us=dur)
