@@ -201,7 +201,8 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
            stages: int, microbatches: int, rate: float, dst_device: str | None, src_device: str | None, dtype: str,
            new_cluster: str | None, old_cluster: str | None, network_bw: float | None,
            network_latency_us: float | None, as_json: bool, timeline: str | None, force: bool) -> None:  # fmt: skip
-    """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, OOO backprop, pipelines)."""
+    """Predict TRACE's step time after a change (AMP, fused optimizer, scaled tasks, another device or network,
+    compression, OOO backprop, pipelines)."""
     from trainsim.simulate.engine import simulate
     from trainsim.transform import whatifs
 
