@@ -428,7 +428,7 @@ def with_host_overhead(
     gradients once the last one is done. ``anchors``: ``step_anchors`` of ``g``."""
     fin = [a for a in anchors if a.opt_start >= 0] if finalize_us > 0 else []
     # the rest of the work, in the steps that have an optimizer to put the finalize before
-    pre = [(max(a.ready.values(), key=lambda t: g.order[t]), dur_us - (finalize_us if fin and a.opt_start >= 0 else 0.0))
+    pre = [(max(a.ready.values(), key=lambda t: g.order[t]), dur_us - (finalize_us if a.opt_start >= 0 else 0.0))
            for a in anchors if a.ready]  # fmt: skip
     last = [t for t, d in pre if d > 0]
     out = g
