@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainsim.cli.main import main
+from trainsim.errors import UserError
 from trainsim.validate.dp import RunConfig, run_harness, summary
 from trainsim.validate.netns import list_namespaces, netns_unavailable
 
@@ -200,6 +201,26 @@ def test_p3_runtime_told_its_mode_keeps_ranks_in_sync(rounds: bool) -> None:
 
 
 @pytest.mark.multiproc
+def test_priority_runtimes_train_like_ddp() -> None:
+    """P3 (rounds or piggyback) and ByteScheduler (several partitions in flight, completions taken by a
+    thread of their own) end with torch DDP's weights after the same steps on the same data: the same
+    averaged gradient, the same SGD. (Until 2026-11-26 each step's backward added to the previous
+    step's averaged gradient, which the runtime had left in ``.grad``: 2 % off on the weights' sum.)"""
+    from trainsim.validate.launch import launch
+
+    def final(mode: str, **extra: object) -> float:
+        cfg = json.dumps({"model": "cnn", "mode": mode, "steps": 3, "warmup": 1, **extra})
+        data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+        assert data["params_in_sync"]
+        return float(data["param_sum"])
+
+    ddp = final("ddp")
+    assert final("p3", slice_bytes=65536, agree_rounds=True) == pytest.approx(ddp, rel=1e-9)
+    assert final("p3", slice_bytes=65536, agree_rounds=False) == pytest.approx(ddp, rel=1e-9)
+    assert final("bytescheduler", partition_bytes=16384, credit=3) == pytest.approx(ddp, rel=1e-9)
+
+
+@pytest.mark.multiproc
 def test_p3_trace_from_every_rank_on_one_clock() -> None:
     """Traced, every rank prints its timeline with its reference time, so ranks line up: the same slice
     all-reduce (a collective) overlaps in time on both ranks."""
@@ -301,3 +322,28 @@ def test_concentration_charges_the_transfers_cpu_of_every_rank_sharing_the_host(
     stretched = [predict_ms(prof, p3, lambda b: 40.0, cpu_us=lambda b: 20.0, comm_thread_stretch=1.5,
                             concentration=c) for c in (1.0, 2.0)]  # fmt: skip
     assert stretched[0] == stretched[1]
+
+
+def test_bytescheduler_prediction_takes_the_measured_round() -> None:
+    """ByteScheduler's runtime agrees on every partition by a round: the prediction charges the round
+    measured while training where there is one, else the calibrated tiny all-reduce."""
+    from tests.transform.test_dataparallel import _profile_like
+    from trainsim.transform.dataparallel import ParamInfo
+    from trainsim.validate.dp import RunConfig, _Profiled, predict_ms
+
+    g, _, layers = _profile_like()
+    mib = 1 << 20
+    params = [ParamInfo(name="a.w", layer="a", numel=mib, size_bytes=4 * mib),
+              ParamInfo(name="b.w", layer="b", numel=mib, size_bytes=4 * mib)]  # fmt: skip
+    prof = _Profiled(g, params, layers, 0, [8 * mib], 1.0, 1.0, 1.0, g)
+    bs = RunConfig(model="mlp", rate_mbit=100.0, mode="bytescheduler")
+
+    def pred(**kw: object) -> float:
+        return predict_ms(prof, bs, lambda b: 40.0 + b / 1e4, **kw)  # type: ignore[arg-type]
+
+    base, slow = pred(agree_us=100.0), pred(agree_us=5000.0)
+    assert slow > base > 0
+    assert pred(agree_us=5000.0, alone=True) == pytest.approx(pred(alone=True))  # alone: the calibrated round
+    for bad in ({"mode": "zero"}, {"credit": 0}, {"partition_bytes": 0}):
+        with pytest.raises(UserError, match="validate dp"):
+            RunConfig(model="mlp", rate_mbit=100.0, **bad)  # type: ignore[arg-type]

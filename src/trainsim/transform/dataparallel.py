@@ -88,6 +88,11 @@ class DPConfig:
     """ByteScheduler partition size (bytes); its default is 1M parameters = 4 MB of fp32"""
     credit: int = 4
     """ByteScheduler partitions in flight"""
+    round_us: float = 0.0
+    """ByteScheduler: the runtime's agreement on the next partition (one tiny all-reduce before each,
+    as in ``trainsim.validate.dp_worker``), added to each partition's time: credit does not hide it,
+    for its messages queue on the link behind the bytes of the partitions in flight (one FIFO: a
+    shaper's queue, a NIC's). 0: no rounds, the partitions go as soon as they are ready"""
     broadcast_bytes: int = 0
     """buffer bytes DDP broadcasts before each forward (0: none)"""
     channel: str = "comm:dp"
@@ -116,6 +121,8 @@ class DPConfig:
             raise UserError(f"data parallel: mode={self.mode!r}; expected one of {', '.join(MODES)}")
         if self.slice_bytes <= 0 or self.partition_bytes <= 0 or self.credit < 1:
             raise UserError("data parallel: slice_bytes, partition_bytes and credit must be positive")
+        if not self.round_us >= 0:
+            raise UserError(f"data parallel: round_us={self.round_us!r}; expected >= 0")
         if not isinstance(self.lanes, int) or self.lanes < 1:
             raise UserError(f"data parallel: lanes={self.lanes!r}; expected a positive number of collectives at once")
         if not self.host_overhead_us >= 0:
@@ -389,6 +396,7 @@ def data_parallel(
                 t = comm_us(nbytes)
                 if cfg.mode == "bytescheduler":
                     t = max(t / cfg.credit, t - comm_us(0) * (1 - 1 / cfg.credit))  # latency hidden by credit
+                    t += cfg.round_us  # not its round
                 names.append(f"allreduce:{layer}.{j}")
                 dur.append(t)
                 order.append(base + 1 + k)

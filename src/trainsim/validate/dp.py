@@ -46,7 +46,15 @@ from typing import Any, Protocol, TypeVar, cast
 import click
 
 from trainsim.errors import UserError
+from trainsim.transform.scheduling import BYTESCHEDULER_CREDIT as BS_CREDIT
+from trainsim.transform.scheduling import BYTESCHEDULER_PARTITION_BYTES as BS_PARTITION_BYTES
 from trainsim.validate import progress_log
+
+RUN_MODES = ("ddp", "p3", "bytescheduler")
+"""what ``validate dp`` runs: torch DDP, the P3-style runtime, and that runtime with ByteScheduler's
+partitions and credit (``dp_worker``)"""
+PRIORITY_MODES = ("p3", "bytescheduler")
+"""the modes run by ``dp_worker.P3Runtime`` (its communication thread, its host work, its rounds)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,15 +68,22 @@ class RunConfig:
     delay_ms: float = 0.0
     """added one-way latency"""
     mode: str = "ddp"
-    """ddp | p3"""
+    """ddp | p3 | bytescheduler"""
     world: int = 2
     """processes (one thread each)"""
     slice_bytes: int = 1 << 20
     """P3 slice size"""
+    partition_bytes: int = BS_PARTITION_BYTES
+    """ByteScheduler partition size"""
+    credit: int = BS_CREDIT
+    """ByteScheduler partitions in flight"""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("ddp", "p3"):
-            raise UserError(f"validate dp: mode={self.mode!r}; expected ddp or p3")
+        if self.mode not in RUN_MODES:
+            raise UserError(f"validate dp: mode={self.mode!r}; expected one of {', '.join(RUN_MODES)}")
+        if self.slice_bytes < 4 or self.partition_bytes < 4 or self.credit < 1:
+            raise UserError(f"validate dp: slice_bytes={self.slice_bytes}, partition_bytes={self.partition_bytes}, "
+                            f"credit={self.credit}; expected pieces of >= 4 bytes and credit >= 1")  # fmt: skip
         if self.rate_mbit is not None and not self.rate_mbit > 0:
             raise UserError(f"validate dp: rate={self.rate_mbit!r} Mbit/s; expected > 0")
         if not self.delay_ms >= 0:
@@ -424,8 +439,9 @@ def predict_ms(
     m = mode or cfg.mode
     if straggler_wait_ms is not None and not alone:
         prof = replace(prof, straggler_ms=straggler_wait_ms)
-    runtime_ms = prof.p3_overhead_ms if m == "p3" else prof.ddp_overhead_ms
-    dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, broadcast_bytes=prof.buffer_bytes,
+    runtime_ms = prof.p3_overhead_ms if m in PRIORITY_MODES else prof.ddp_overhead_ms
+    dpc = DPConfig(world=cfg.world, mode=m, slice_bytes=cfg.slice_bytes, partition_bytes=cfg.partition_bytes,
+                   credit=cfg.credit, broadcast_bytes=prof.buffer_bytes,
                    host_overhead_us=prof.host_overhead_us(runtime_ms, alone=alone), lanes=BACKEND_LANES["gloo"],
                    finalize_us=prof.finalize_us(alone=alone) if m == "ddp" else 0.0)  # fmt: skip
     # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
@@ -433,13 +449,18 @@ def predict_ms(
     round_us = 0.0
     if m == "p3" and p3_uses_rounds(comm_us, cfg.world):
         round_us = comm_us(4 * cfg.world) if agree_us is None or alone else agree_us
+    if m == "bytescheduler":  # its rounds run on a channel of their own (``DPConfig.round_us``)
+        dpc = replace(dpc, round_us=comm_us(4 * cfg.world) if agree_us is None or alone else agree_us)
     g = data_parallel(
         prof.graph_alone if alone else prof.graph, prof.params, prof.layers, dpc,
         comm_us=lambda b: comm_us(b) + round_us,
         broadcast_us=lambda b: comm_us(b) / 2,  # two ranks: one message instead of the ring's two steps
     )  # fmt: skip
-    # the P3 runtime's stretch as measured while it trained, where it applies
-    stretch = comm_thread_stretch if m == "p3" and not alone and (comm_thread_stretch or 0.0) > 1 else None
+    # the runtime's stretch as measured while it trained, where it applies. ByteScheduler's rounds run on
+    # a group of their own while ``credit`` pieces keep the link busy: no round time on its pieces, but
+    # the same thread, the same meeting of the ranks at every round
+    stretch = (comm_thread_stretch if m in PRIORITY_MODES and not alone and (comm_thread_stretch or 0.0) > 1
+               else None)  # fmt: skip
     if cpu_us is not None and stretch is not None:
         share, calibrated = 1.0 - 1.0 / stretch, cpu_us
 
@@ -459,10 +480,11 @@ def _one_pass(
     from trainsim.validate.launch import launch
 
     base = prof
-    rounds = c.mode == "p3" and p3_uses_rounds(cal.predict_us, c.world)
+    # ByteScheduler's runtime always agrees by rounds
+    rounds = c.mode == "bytescheduler" or (c.mode == "p3" and p3_uses_rounds(cal.predict_us, c.world))
     agree = None
     if rounds and corun:
-        log(f"timing the P3 runtime's agreement round while {c.model} trains")
+        log(f"timing the {c.mode} runtime's agreement round while {c.model} trains")
         agree = agree_round_us(c.model, c.world, net)
         log(f"  agreement round {agree.round_us / 1e3:.2f} ms, slower-rank wait "
             f"{agree.straggler_ms or 0.0:.1f} ms, computation x{agree.stretch or 1.0:.2f} while the thread works")  # fmt: skip
@@ -473,7 +495,7 @@ def _one_pass(
     interleave = corun and recheck_host
     log(f"running {c.label()}{tag}" + (", its steps interleaved with the plain loop" if interleave else ""))
     wcfg = {"model": c.model, "mode": c.mode, "steps": steps, "warmup": warmup, "slice_bytes": c.slice_bytes,
-            "interleave": interleave}  # fmt: skip
+            "partition_bytes": c.partition_bytes, "credit": c.credit, "interleave": interleave}  # fmt: skip
     if c.mode == "p3":  # the mode the prediction assumed (the runtime's own probe is as noisy)
         wcfg["agree_rounds"] = rounds
     out = launch(c.world, ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)], net=net, timeout_s=600,
@@ -629,7 +651,8 @@ def summary(results: list[RunResult]) -> dict[str, Any]:
 @click.option("--model", "models", multiple=True, help="zoo model(s) for a custom set (mlp, cnn, transformer)")
 @click.option("--rate", "rates", type=click.FloatRange(min=0, min_open=True), multiple=True, help="link rate(s) in Mbit/s for a custom set")
 @click.option("--delay", "delays", type=click.FloatRange(min=0), multiple=True, help="added one-way latency(ies) in ms")
-@click.option("--mode", "modes", type=click.Choice(["ddp", "p3"]), multiple=True, help="ddp and/or p3")
+@click.option("--mode", "modes", type=click.Choice(RUN_MODES), multiple=True,
+              help="ddp, p3 and/or bytescheduler (4 MB partitions, credit 4)")
 @click.option("--steps", type=int, default=20, show_default=True, help="measured steps per run")
 @click.option("--warmup", type=int, default=3, show_default=True, help="warm-up steps per run")
 @click.option("--passes", type=int, default=1, show_default=True,

@@ -17,18 +17,21 @@ Modes:
   all-reduces the slices one at a time, always the *input-most* layer's slice among those ready on every
   rank; the next step's forward of a layer waits only for that layer's slices, then applies the layer's
   SGD update (``P3Runtime``).
+- ``bytescheduler``: the same runtime with ByteScheduler's partitions and credit (Peng et al., SOSP'19):
+  ``partition_bytes`` pieces (default 4 MB), up to ``credit`` (4) all-reduces in flight at once.
 
 Prints one JSON line on rank 0: ``{"step_ms": [...], ...}`` (wall time between consecutive step starts).
-With ``"interleave": true`` (modes ``ddp`` and ``p3``) the measured steps alternate with a few steps of
+With ``"interleave": true`` (modes ``ddp``, ``p3`` and ``bytescheduler``) the measured steps alternate with a few steps of
 the plain loop on a copy of the model, every rank at once (``interleaved``), and the line adds
 ``corun_marks``: per rank, per round, the plain steps' starts (the host's speed during the run).
-With ``"trace": true`` the p3 mode adds ``p3_log``: ``(kind, layer, start ms, end ms)`` of every slice
+With ``"trace": true`` the p3 and bytescheduler modes add ``p3_log``: ``(kind, layer, start ms, end ms)`` of every slice
 all-reduce (``"slice"``) and every wait of a forward for its layer's slices (``"wait"``), relative to
 the first measured step's start, and ``step_starts_ms``; every rank then prints its own line.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
 import json
@@ -41,6 +44,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainsim.run.ranks import loop_marks, step_starts
+from trainsim.transform.scheduling import BYTESCHEDULER_CREDIT as BS_CREDIT
+from trainsim.transform.scheduling import BYTESCHEDULER_PARTITION_BYTES as BS_PARTITION_BYTES
 
 
 class P3Runtime:
@@ -58,15 +63,28 @@ class P3Runtime:
       on the previous slice's all-reduce, as old as its start; when no agreed slice is left, the first
       unsent one in queue order goes. On cnn at 100 Mbit/s this made the input layer's forward wait
       45 ms behind a 33 ms slice of a deeper layer that the counters still said was the only one ready.
+
+    ``credit`` > 1 is ByteScheduler's credit-based scheduling (Peng et al., SOSP'19, §4.2): up to
+    ``credit`` pieces in flight at once (asynchronous all-reduces), so that one piece's round trip and
+    start-up hide behind the others' transfer; a new piece goes as soon as one completes, and it is
+    again the input-most agreed one. Agreement is always by rounds then, on a process group of its own
+    (``new_group``): a round runs while the pieces in flight keep the link busy, instead of queueing
+    behind them on gloo's threads. Completions are taken in issue order.
     """
 
     def __init__(
-        self, model: Any, lr: float, slice_bytes: int, agree_max_us: float = 3000.0, agree_rounds: bool | None = None
-    ) -> None:
+        self, model: Any, lr: float, slice_bytes: int, agree_max_us: float = 3000.0, agree_rounds: bool | None = None,
+        credit: int = 1,
+    ) -> None:  # fmt: skip
         import torch
         import torch.distributed as dist
 
+        if credit < 1:
+            raise ValueError(f"P3Runtime: credit={credit}; expected >= 1 piece in flight")
         self.torch, self.dist = torch, dist
+        self.credit = credit
+        # credit > 1: the agreement rounds on a group of their own (every rank makes it, in the same order)
+        self.agree_group = dist.new_group(backend="gloo") if credit > 1 else None
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
         self.layers = [(name, m) for name, m in model.named_children() if any(True for _ in m.parameters())]
@@ -92,9 +110,16 @@ class P3Runtime:
             m.register_forward_pre_hook(lambda _m, _a, li=li: self._before_forward(li))
         # ``agree_rounds`` given: the caller decided (the validation harness, from its calibration, so that
         # prediction and run agree on the mode); else from this probe (the same everywhere: rank 0's)
-        self.agree_rounds = self._probe_round_trip_us() <= agree_max_us if agree_rounds is None else agree_rounds
-        self.thread = threading.Thread(target=self._comm_loop, daemon=True)
-        self.thread.start()
+        if credit > 1:
+            self.agree_rounds = True
+        else:
+            self.agree_rounds = self._probe_round_trip_us() <= agree_max_us if agree_rounds is None else agree_rounds
+        # (work, buffer, layer, start, stop, issued at) of the pieces in flight, oldest first (credit > 1)
+        self.flying: collections.deque[tuple[Any, Any, int, int, int, float]] = collections.deque()
+        loops = [self._comm_loop] if credit == 1 else [self._credit_loop, self._complete_loop]
+        self.threads = [threading.Thread(target=f, daemon=True) for f in loops]
+        for t in self.threads:
+            t.start()
 
     # ---------------------------------------------------------------- main thread
     def begin_step(self) -> None:
@@ -136,6 +161,8 @@ class P3Runtime:
             p.grad = flat[off : off + k].view_as(p).div_(self.world)
             off += k
         self.opts[li].step()
+        for p in params:  # this step's backward must not add to the averaged gradient just applied
+            p.grad = None
 
     def end_step(self) -> None:
         self.first_step = False
@@ -153,7 +180,8 @@ class P3Runtime:
         with self.cond:
             self.stop = True
             self.cond.notify_all()
-        self.thread.join()
+        for t in self.threads:
+            t.join()
         self._raise()
 
     def _raise(self) -> None:
@@ -222,6 +250,79 @@ class P3Runtime:
             self.error = exc
             for ev in self.ready:
                 ev.set()
+
+    def _credit_loop(self) -> None:
+        """The issuing thread with ``credit`` pieces in flight (ByteScheduler). Every rank issues the same
+        sequence of collectives: a round, then the input-most agreed unsent piece, again and again,
+        whenever it has an unsent piece and fewer than ``credit`` in flight; the completions are taken
+        by a thread of their own (``_complete_loop``), so a piece queued while others fly goes at once.
+        When a rank takes them changes no choice (the rounds fix ``agreed``, the issues fix ``sent``)."""
+        torch, dist = self.torch, self.dist
+        w = self.world
+        try:
+            while True:
+                with self.cond:
+                    while len(self.sent) == len(self.queue) or len(self.flying) >= self.credit:
+                        if self.stop and len(self.sent) == len(self.queue):
+                            return
+                        self.cond.wait()
+                    progress = len(self.queue)
+                counts = torch.zeros(w)
+                counts[self.rank] = float(progress)
+                t_round = time.perf_counter()
+                dist.all_reduce(counts, group=self.agree_group)
+                if self.log is not None:
+                    self.log.append(("round", -1, t_round, time.perf_counter()))
+                agreed = int(counts.min().item())
+                with self.cond:
+                    # every piece sent so far was agreed before, and this rank had more: one is left
+                    cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
+                    pick = min(cand, key=lambda k: (self.queue[k][0], k))  # input-most layer first
+                    li, _, s, e = self.queue[pick]
+                    buf = self.flat[li][s:e].clone()
+                    self.sent.add(pick)
+                    t0 = time.perf_counter()
+                    self.flying.append((dist.all_reduce(buf, async_op=True), buf, li, s, e, t0))
+                    self.cond.notify_all()
+        except BaseException as exc:  # surfaced on the main thread
+            self._fail(exc)
+
+    def _complete_loop(self) -> None:
+        """With ``credit`` > 1: wait for the pieces in flight in issue order and land them."""
+        try:
+            while True:
+                with self.cond:
+                    while not self.flying:
+                        if self.stop:
+                            return
+                        self.cond.wait()
+                    work, buf, li, s, e, t0 = self.flying[0]
+                work.wait()
+                if self.log is not None:
+                    self.log.append(("slice", li, t0, time.perf_counter()))
+                with self.cond:
+                    self.flying.popleft()
+                    self.cond.notify_all()
+                self._landed(li, s, e, buf)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        with self.cond:
+            self.stop = True
+            self.cond.notify_all()
+        for ev in self.ready:
+            ev.set()
+
+    def _landed(self, li: int, s: int, e: int, buf: Any) -> None:
+        """A piece's reduced values are back: into the layer's gradient copy; the layer is ready once
+        all of its pieces are."""
+        with self.cond:
+            self.flat[li][s:e] = buf
+            self.left[li] -= 1
+            if self.left[li] == 0:
+                self.ready[li].set()
 
 
 def loop_ms(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> list[float]:
@@ -540,13 +641,17 @@ def main(cfg: dict[str, Any]) -> None:
             starts = _ddp_steps(net, opt, batch, loss_fn, warmup, steps, rank)
         data = net._get_ddp_logging_data()
         extra.update({k: data.get(k) for k in ("rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices")})
-    elif mode == "p3":
+    elif mode in ("p3", "bytescheduler"):
         # same initial weights on every rank (DDP broadcasts them; here rank 0's are broadcast once)
         for p in model.parameters():
             dist.broadcast(p.data, 0)
         rounds = cfg.get("agree_rounds")
-        rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)), float(cfg.get("agree_max_us", 3000.0)),
-                       None if rounds is None else bool(rounds))  # fmt: skip
+        if mode == "p3":
+            rt = P3Runtime(model, lr, int(cfg.get("slice_bytes", 256 * 1024)), float(cfg.get("agree_max_us", 3000.0)),
+                           None if rounds is None else bool(rounds))  # fmt: skip
+        else:  # ByteScheduler: bigger pieces, several in flight
+            rt = P3Runtime(model, lr, int(cfg.get("partition_bytes", BS_PARTITION_BYTES)),
+                           credit=int(cfg.get("credit", BS_CREDIT)))  # fmt: skip
         if plain_net is not None:
 
             def p3_segment(w: int, n: int, first: int) -> list[float]:
@@ -577,7 +682,8 @@ def main(cfg: dict[str, Any]) -> None:
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
     if rank == 0 or "p3_log" in extra:  # traced: every rank's timeline (its own stdout)
-        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, **extra}), flush=True)
+        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "param_sum": float(check), **extra}),
+              flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 
