@@ -64,8 +64,8 @@ def main() -> int:
         f"ratio at the sizes from {RESIDUAL_FROM_KNEE:g}x the knee up that take {RESIDUAL_MIN_US / 1e3:g} ms or more,"
         " interpolated in log size between them",
         "(`residual_ratios`; below that the form alone). With several launches (the realtime runs) the",
-        "launches after the first also measure sizes a quarter octave apart around the first launch's knee",
-        "(`knee_sizes`: odd quarter octaves, so never a size of the grid or of the check), and every size",
+        "launches after the first also measure sizes an eighth of an octave apart around the first launch's knee",
+        "(`knee_sizes`: never a size of the grid or of the check; the check run measures none), and every size",
         "from 0.5x to 2.5x the knee gets its measured ratio too. Check: a second, independent calibration (new",
         "processes, read the same way) at the smallest and the largest size and at the sizes halfway",
         "between the fit's (x1.41, marked *), its launches taking turns with the fit run's",
@@ -104,7 +104,7 @@ def main() -> int:
                 fit, check = calibrate_interleaved([sizes, check_sizes], world=2, rate_mbit=rate, delay_ms=delay,
                                                    reps=reps, net=net, realtime=rt, pin=rt,
                                                    launches=LAUNCHES if rt else 1,
-                                                   small_budget_s=SMALL_BUDGET_S)  # fmt: skip
+                                                   small_budget_s=SMALL_BUDGET_S, knee=[True, False])  # fmt: skip
                 for note in fit.notes + check.notes:
                     print(f"note: {note}", file=sys.stderr)
                 runs[sched] = (fit, check)

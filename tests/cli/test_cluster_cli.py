@@ -81,3 +81,22 @@ def test_scaleout_gloo_runs_the_buckets_at_once(tmp_path: Path, capsys: pytest.C
     # the chain ends as one all-reduce of both: one ring's latency less than two in a row
     assert got["gloo"]["predicted_ms"] < got["nccl"]["predicted_ms"]
     assert main(["scaleout", str(trace), "--cluster", str(_cluster(tmp_path, body)), "--backend", "mpi"]) == 2
+
+
+def test_scaleout_bytescheduler_partitions_and_credit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--partition-mb`` and ``--credit`` reach the model: more partitions in flight hide more of each
+    one's start-up latency; a credit of 0 is refused."""
+    from trainsim.capture.profile import ProfileConfig, profile
+
+    trace = profile(ProfileConfig(model="mlp", steps=3, warmup=1, out=str(tmp_path / "mlp.json.gz")))
+    body = 'nodes = 2\ndevice = "this-cpu"\ninter_link = "eth-1g"\n'
+    cl = str(_cluster(tmp_path, body))
+
+    def step(*extra: str) -> float:
+        assert main(["scaleout", str(trace), "--cluster", cl, "--mode", "bytescheduler", "--partition-mb", "0.25",
+                     *extra, "--json"]) == 0  # fmt: skip
+        return float(json.loads(capsys.readouterr().out)["predicted_ms"])
+
+    assert step("--credit", "1") > step("--credit", "4")
+    assert main(["scaleout", str(trace), "--cluster", cl, "--mode", "bytescheduler", "--credit", "0"]) == 2
+    assert "--credit" in capsys.readouterr().err

@@ -148,12 +148,14 @@ def test_residual_ratios_skip_a_size_the_fit_left_out() -> None:
 
 
 def test_knee_sizes_fill_the_bend_between_the_grids_sizes() -> None:
-    # a knee at 32 KiB: odd quarter octaves from 16 to 80 KiB, none on the x2 grid or halfway between
+    # a knee at 32 KiB: eighth octaves from 16 to 80 KiB, none on the x2 grid or halfway between
     ks = knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 256 << 10)
-    assert [round(x / 1024, 1) for x in ks] == [19.0, 26.9, 38.1, 53.8, 76.1]
+    assert [round(x / 1024, 1) for x in ks] == [
+        17.4, 19.0, 20.7, 24.7, 26.9, 29.3, 34.9, 38.1, 41.5, 49.4, 53.8, 58.7, 69.8, 76.1
+    ]
     grid_and_halfway = {round(1024 * 2 ** (j / 2)) for j in range(40)}
     assert not grid_and_halfway & set(ks)
-    assert knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 40 << 10) == ks[:3]  # up to hi
+    assert knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 40 << 10) == ks[:8]  # up to hi
     assert knee_sizes((100.0, 8.0, 0.0, 0.0), 1024, 1 << 30) == []  # no floor: no knee
 
 

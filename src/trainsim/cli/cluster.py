@@ -103,6 +103,12 @@ def calibrate(
 @click.option("--ranks", type=int, default=None, help="data-parallel ranks (default: the whole cluster)")
 @click.option("--mode", type=click.Choice(["ddp", "p3", "bytescheduler"]), default="ddp", show_default=True)
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP bucket cap, MiB")
+@click.option("--slice-kb", type=click.FloatRange(min=0, min_open=True), default=256.0, show_default=True,
+              help="p3: slice size, KiB")
+@click.option("--partition-mb", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+              help="bytescheduler: partition size, MB (10^6 bytes; ByteScheduler's default is 1M fp32 parameters)")
+@click.option("--credit", type=click.IntRange(min=1), default=4, show_default=True,
+              help="bytescheduler: partitions in flight")
 @click.option(
     "--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True,
     help="process group: nccl all-reduces DDP's buckets one after another, gloo two at once",
@@ -110,7 +116,7 @@ def calibrate(
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def scaleout(
     trace: str, cluster_file: str | None, calibration: str | None, ranks: int | None, mode: str, bucket_mb: float,
-    backend: str, as_json: bool,
+    slice_kb: float, partition_mb: float, credit: int, backend: str, as_json: bool,
 ) -> None:
     """Predict the data-parallel step time of a single-process trace on a cluster."""
     from trainsim.capture.profile import sidecar_path
@@ -147,7 +153,9 @@ def scaleout(
         raise UserError(f"{trace}: no such trace")
     params, layers = read_params(sidecar_path(trace))
     g = load_trace(trace)
-    cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb, lanes=BACKEND_LANES[backend])
+    cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb, lanes=BACKEND_LANES[backend],
+                   slice_bytes=max(1, round(slice_kb * 1024)), partition_bytes=max(1, round(partition_mb * 1e6)),
+                   credit=credit)  # fmt: skip
     dp = data_parallel(g, params, layers, cfg, comm_us=lambda b: model_us("allreduce", b, spec, n))
     single = dp_step_ms(simulate(g).step_ms, "ddp")  # the same statistic (median step) as the prediction
     step = dp_step_ms(simulate(dp).step_ms, mode)

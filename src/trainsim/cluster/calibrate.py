@@ -25,7 +25,7 @@ Algorithm:
 4. above the knee, for sizes of 20 ms or more, where the times repeat within 1-2 % from run to run,
    keep what the form misses as a ratio per calibrated size (``residual_ratios``), interpolated
    between sizes by ``Calibration.predict_us``; with several launches, also around the knee, where
-   the launches after the first measure sizes a quarter octave apart (``knee_sizes``).
+   the launches after the first measure sizes an eighth of an octave apart (``knee_sizes``).
 
 With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
 parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
@@ -361,22 +361,28 @@ KNEE_WINDOW = (0.5, 2.5)
 def knee_sizes(
     fit: tuple[float, float, float, float], lo: int, hi: int, unit: int = 1024
 ) -> list[int]:
-    """Sizes a quarter octave apart around the knee ``c = floor / b`` of ``fit`` (within
-    ``KNEE_WINDOW`` times ``c``, and ``lo < size <= hi``): ``unit * 2 ** (j / 4)`` for odd ``j``, so
-    never on the x2 or x4 grids of ``default_sizes`` nor halfway between their sizes in log size.
+    """Sizes an eighth of an octave apart around the knee ``c = floor / b`` of ``fit`` (within
+    ``KNEE_WINDOW`` times ``c``, and ``lo < size <= hi``): ``unit * 2 ** (j / 8)`` for ``j`` not a
+    multiple of 4, so never on the x2 or x4 grids of ``default_sizes`` nor halfway between their sizes
+    in log size.
 
     Between the latency floor and the bandwidth line the real curve bends over an octave or two
     (on a link shaped with ``tbf``, as the all-reduce outgrows the bucket), where the form's sharp
     corner cuts it: at 1 Gbit/s 45 KiB measured 394 us, the form fitted on x2 sizes said 360 (32 KiB
     239 us on the floor, 64 KiB 530 on the line; 2026-11-25). The form stays fitted to the grid; the
-    measured times at these sizes correct it through ``residual_ratios``."""
+    measured times at these sizes correct it through ``residual_ratios``. The bend is a staircase, not
+    a curve: at 1 Gbit/s every 3 KiB from 30 to 63 KiB (2026-11-26, two calibrations taking turns, 5
+    launches each) read 309 305 321 362 396 429 487 489 515 530 553 576 us and 306 308 314 364 394 427
+    486 489 500 522 555 574, steps of 40-60 us at 36-39 and 45-48 KiB (the shaper's bucket and TCP's
+    packets of ~12 KB) repeating within 3 %; a quarter octave apart (38 and 54 KiB) the sizes straddle
+    both steps, and 45 KiB came out 5.5-11 % off in three runs."""
     _, b, floor, _ = fit
     if b <= 0 or floor <= 0:
         return []
     c = floor / b
-    j_lo = int(np.ceil(4 * np.log2(max(KNEE_WINDOW[0] * c, 1.0) / unit)))
-    j_hi = int(np.floor(4 * np.log2(KNEE_WINDOW[1] * c / unit)))
-    out = [round(unit * 2 ** (j / 4)) for j in range(j_lo, j_hi + 1) if j % 2]
+    j_lo = int(np.ceil(8 * np.log2(max(KNEE_WINDOW[0] * c, 1.0) / unit)))
+    j_hi = int(np.floor(8 * np.log2(KNEE_WINDOW[1] * c / unit)))
+    out = [round(unit * 2 ** (j / 8)) for j in range(j_lo, j_hi + 1) if j % 4]
     return [x for x in out if lo < x <= hi]
 
 
@@ -542,6 +548,7 @@ def calibrate_interleaved(
     launches: int = 1,
     small_budget_s: float | None = None,
     small_rounds: int | None = None,
+    knee: Sequence[bool] | None = None,
 ) -> list[Calibration]:
     """Independent calibrations, one per list of ``size_sets`` (each its own processes, its own fit),
     whose launches take turns: each one's first launch, then the further launches of the small sizes
@@ -552,8 +559,9 @@ def calibrate_interleaved(
     and ``small_rounds`` (default ``ROUNDS``, or ``ROUNDS_PER_S`` per second of ``small_budget_s``, at
     least ``ROUNDS``): all-reduce time per size and rounds in each further launch: the time spent
     there counts more than the number of launches, for a sub-millisecond all-reduce on this host is
-    slow or fast for a second or two at a time, within a launch as across launches. Other arguments
-    as ``calibrate``."""
+    slow or fast for a second or two at a time, within a launch as across launches. ``knee``: per
+    size set, whether its further launches also measure ``knee_sizes`` (default: all; a run that only
+    checks another's model needs none). Other arguments as ``calibrate``."""
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
@@ -567,6 +575,8 @@ def calibrate_interleaved(
         raise UserError(f"calibrate: budget_s={budget_s}; expected >= 0 seconds")
     if launches < 1:
         raise UserError(f"calibrate: launches={launches}; expected >= 1")
+    if knee is not None and len(knee) != len(size_sets):
+        raise UserError(f"calibrate: knee={list(knee)} for {len(size_sets)} size sets; expected one flag per set")
     if (small_rounds is not None and small_rounds < 1) or (small_budget_s is not None and small_budget_s < 0):
         raise UserError(f"calibrate: small_rounds={small_rounds}, small_budget_s={small_budget_s}; expected "
                         ">= 1 round and >= 0 seconds")  # fmt: skip
@@ -593,6 +603,8 @@ def calibrate_interleaved(
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
         if launches > 1:  # the further launches also measure sizes around the first launch's knee
             for i, ((sizes, args, small, small_args), first) in enumerate(zip(runs, firsts, strict=True)):
+                if knee is not None and not knee[i]:
+                    continue
                 med = [round_mean(r) for r in json.loads(first[0].strip().splitlines()[-1])["rounds_us"]]
                 fit, _ = _fit_knee_kept(np.array(sizes, dtype=float), np.array(med))
                 extra = [x for x in knee_sizes(fit, min(sizes), LAUNCH_MAX_BYTES) if x not in sizes]
