@@ -396,7 +396,7 @@ def data_parallel(
                 t = comm_us(nbytes)
                 if cfg.mode == "bytescheduler":
                     t = max(t / cfg.credit, t - comm_us(0) * (1 - 1 / cfg.credit))  # latency hidden by credit
-                    t += cfg.round_us  # not its round
+                    t += cfg.round_us  # but not its round (``DPConfig.round_us``)
                 names.append(f"allreduce:{layer}.{j}")
                 dur.append(t)
                 order.append(base + 1 + k)

@@ -449,16 +449,15 @@ def predict_ms(
     round_us = 0.0
     if m == "p3" and p3_uses_rounds(comm_us, cfg.world):
         round_us = comm_us(4 * cfg.world) if agree_us is None or alone else agree_us
-    if m == "bytescheduler":  # its rounds run on a channel of their own (``DPConfig.round_us``)
+    if m == "bytescheduler":  # a round before each partition, on the link (``DPConfig.round_us``)
         dpc = replace(dpc, round_us=comm_us(4 * cfg.world) if agree_us is None or alone else agree_us)
     g = data_parallel(
         prof.graph_alone if alone else prof.graph, prof.params, prof.layers, dpc,
         comm_us=lambda b: comm_us(b) + round_us,
         broadcast_us=lambda b: comm_us(b) / 2,  # two ranks: one message instead of the ring's two steps
     )  # fmt: skip
-    # the runtime's stretch as measured while it trained, where it applies. ByteScheduler's rounds run on
-    # a group of their own while ``credit`` pieces keep the link busy: no round time on its pieces, but
-    # the same thread, the same meeting of the ranks at every round
+    # the runtime's stretch as measured while it trained, where it applies (P3 and ByteScheduler: the same
+    # communication thread, the same meeting of the ranks at every round)
     stretch = (comm_thread_stretch if m in PRIORITY_MODES and not alone and (comm_thread_stretch or 0.0) > 1
                else None)  # fmt: skip
     if cpu_us is not None and stretch is not None:

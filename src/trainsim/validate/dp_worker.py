@@ -214,13 +214,7 @@ class P3Runtime:
                         self.cond.wait()
                     progress = len(self.queue)
                 if self.agree_rounds:
-                    counts = torch.zeros(w)
-                    counts[self.rank] = float(progress)
-                    t_round = time.perf_counter()
-                    dist.all_reduce(counts)
-                    if self.log is not None:
-                        self.log.append(("round", -1, t_round, time.perf_counter()))
-                    agreed = int(counts.min().item())
+                    agreed = self._round(progress)
                 with self.cond:
                     cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
                     if cand:
@@ -238,18 +232,23 @@ class P3Runtime:
                 dist.all_reduce(buf)
                 if self.log is not None:
                     self.log.append(("slice", li, t0, time.perf_counter()))
-                flat[s:e] = buf[:n]
                 if not self.agree_rounds:
                     agreed = int(buf[n:].min().item())
                 with self.cond:
                     self.sent.add(pick)
-                    self.left[li] -= 1
-                    if self.left[li] == 0:
-                        self.ready[li].set()
+                self._landed(li, s, e, buf[:n])
         except BaseException as exc:  # surfaced on the main thread
-            self.error = exc
-            for ev in self.ready:
-                ev.set()
+            self._fail(exc)
+
+    def _round(self, progress: int) -> int:
+        """One agreement round: every rank's queue length in, the smallest out."""
+        counts = self.torch.zeros(self.world)
+        counts[self.rank] = float(progress)
+        t_round = time.perf_counter()
+        self.dist.all_reduce(counts, group=self.agree_group)
+        if self.log is not None:
+            self.log.append(("round", -1, t_round, time.perf_counter()))
+        return int(counts.min().item())
 
     def _credit_loop(self) -> None:
         """The issuing thread with ``credit`` pieces in flight (ByteScheduler). Every rank issues the same
@@ -257,8 +256,7 @@ class P3Runtime:
         whenever it has an unsent piece and fewer than ``credit`` in flight; the completions are taken
         by a thread of their own (``_complete_loop``), so a piece queued while others fly goes at once.
         When a rank takes them changes no choice (the rounds fix ``agreed``, the issues fix ``sent``)."""
-        torch, dist = self.torch, self.dist
-        w = self.world
+        dist = self.dist
         try:
             while True:
                 with self.cond:
@@ -267,13 +265,7 @@ class P3Runtime:
                             return
                         self.cond.wait()
                     progress = len(self.queue)
-                counts = torch.zeros(w)
-                counts[self.rank] = float(progress)
-                t_round = time.perf_counter()
-                dist.all_reduce(counts, group=self.agree_group)
-                if self.log is not None:
-                    self.log.append(("round", -1, t_round, time.perf_counter()))
-                agreed = int(counts.min().item())
+                agreed = self._round(progress)
                 with self.cond:
                     # every piece sent so far was agreed before, and this rank had more: one is left
                     cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
