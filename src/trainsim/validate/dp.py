@@ -446,11 +446,10 @@ def predict_ms(
                    finalize_us=prof.finalize_us(alone=alone) if m == "ddp" else 0.0)  # fmt: skip
     # the P3 runtime agrees on the next slice with one tiny all-reduce (a counter per rank) before each
     # where such a round trip is cheap (P3Runtime, agree_max_us), else piggybacks the counters
-    round_us = 0.0
-    if m == "p3" and p3_uses_rounds(comm_us, cfg.world):
-        round_us = comm_us(4 * cfg.world) if agree_us is None or alone else agree_us
+    one_round = comm_us(4 * cfg.world) if agree_us is None or alone else agree_us
+    round_us = one_round if m == "p3" and p3_uses_rounds(comm_us, cfg.world) else 0.0
     if m == "bytescheduler":  # a round before each partition, on the link (``DPConfig.round_us``)
-        dpc = replace(dpc, round_us=comm_us(4 * cfg.world) if agree_us is None or alone else agree_us)
+        dpc = replace(dpc, round_us=one_round)
     g = data_parallel(
         prof.graph_alone if alone else prof.graph, prof.params, prof.layers, dpc,
         comm_us=lambda b: comm_us(b) + round_us,

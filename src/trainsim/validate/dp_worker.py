@@ -216,10 +216,8 @@ class P3Runtime:
                 if self.agree_rounds:
                     agreed = self._round(progress)
                 with self.cond:
-                    cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
-                    if cand:
-                        pick = min(cand, key=lambda k: (self.queue[k][0], k))  # input-most layer first
-                    else:  # piggyback mode, nothing agreed left: queue order (same on every rank)
+                    pick = self._agreed_pick(agreed)
+                    if pick is None:  # piggyback mode, nothing agreed left: queue order (same on every rank)
                         pick = next(k for k in range(len(self.queue)) if k not in self.sent)
                     li, _, s, e = self.queue[pick]
                     flat = self.flat[li]
@@ -239,6 +237,12 @@ class P3Runtime:
                 self._landed(li, s, e, buf[:n])
         except BaseException as exc:  # surfaced on the main thread
             self._fail(exc)
+
+    def _agreed_pick(self, agreed: int) -> int | None:
+        """The unsent piece among the first ``agreed`` queued (ready on every rank) of the input-most
+        layer, the earliest queued of its pieces first; None if there is none. Under ``cond``."""
+        cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
+        return min(cand, key=lambda k: (self.queue[k][0], k)) if cand else None
 
     def _round(self, progress: int) -> int:
         """One agreement round: every rank's queue length in, the smallest out."""
@@ -268,8 +272,8 @@ class P3Runtime:
                 agreed = self._round(progress)
                 with self.cond:
                     # every piece sent so far was agreed before, and this rank had more: one is left
-                    cand = [k for k in range(min(agreed, len(self.queue))) if k not in self.sent]
-                    pick = min(cand, key=lambda k: (self.queue[k][0], k))  # input-most layer first
+                    pick = self._agreed_pick(agreed)
+                    assert pick is not None
                     li, _, s, e = self.queue[pick]
                     buf = self.flat[li][s:e].clone()
                     self.sent.add(pick)
