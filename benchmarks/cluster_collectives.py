@@ -1,6 +1,6 @@
 """Calibrated all-reduce model vs measurement on shaped links, 1 KiB .. 256 MiB.
 
-    python benchmarks/cluster_collectives.py           # 3 links, ~20 min
+    python benchmarks/cluster_collectives.py           # 3 links, ~100 min
     python benchmarks/cluster_collectives.py --quick   # 1 link, up to 4 MiB, ~5 min
 
 For each link: open the 2-namespace network and run two independent calibrations
@@ -64,8 +64,8 @@ def main() -> int:
         f"ratio at the sizes from {RESIDUAL_FROM_KNEE:g}x the knee up that take {RESIDUAL_MIN_US / 1e3:g} ms or more,"
         " interpolated in log size between them",
         "(`residual_ratios`; below that the form alone). With several launches (the realtime runs) the",
-        "launches after the first also measure sizes an eighth of an octave apart around the first launch's knee",
-        "(`knee_sizes`: never a size of the grid or of the check; the check run measures none), and every size",
+        "launches after the first also measure sizes a sixteenth of an octave apart around the first launch's knee",
+        "(`knee_sizes`: half a step off the sizes of the grid and of the check; the check run measures none), and every size",
         "from 0.5x to 2.5x the knee gets its measured ratio too. Check: a second, independent calibration (new",
         "processes, read the same way) at the smallest and the largest size and at the sizes halfway",
         "between the fit's (x1.41, marked *), its launches taking turns with the fit run's",

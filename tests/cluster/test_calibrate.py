@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -148,14 +150,21 @@ def test_residual_ratios_skip_a_size_the_fit_left_out() -> None:
 
 
 def test_knee_sizes_fill_the_bend_between_the_grids_sizes() -> None:
-    # a knee at 32 KiB: eighth octaves from 16 to 80 KiB, none on the x2 grid or halfway between
+    # a knee at 32 KiB: sixteenth octaves from 16 to 80 KiB, half a step off the x2 grid and the sizes
+    # halfway between its sizes, so none of those and no gap around them
     ks = knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 256 << 10)
-    assert [round(x / 1024, 1) for x in ks] == [
-        17.4, 19.0, 20.7, 24.7, 26.9, 29.3, 34.9, 38.1, 41.5, 49.4, 53.8, 58.7, 69.8, 76.1
-    ]
-    grid_and_halfway = {round(1024 * 2 ** (j / 2)) for j in range(40)}
-    assert not grid_and_halfway & set(ks)
-    assert knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 40 << 10) == ks[:8]  # up to hi
+    assert len(ks) == 37 and ks == sorted(ks)
+    assert ks[0] >= 16 << 10 and ks[-1] <= 80 << 10
+    steps = [b / a for a, b in pairwise(ks)]
+    assert all(abs(r - 2 ** (1 / 16)) < 1e-3 for r in steps)
+    grid_and_halfway = [1024 * 2 ** (j / 2) for j in range(40)]
+    # every grid or halfway size inside the window sits between two knee sizes, half a step from each
+    for g in (x for x in grid_and_halfway if ks[0] < x < ks[-1]):
+        below = max(k for k in ks if k < g)
+        above = min(k for k in ks if k > g)
+        assert g / below == pytest.approx(2 ** (1 / 32), rel=1e-3)
+        assert above / g == pytest.approx(2 ** (1 / 32), rel=1e-3)
+    assert knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 40 << 10) == [k for k in ks if k <= 40 << 10]  # up to hi
     assert knee_sizes((100.0, 8.0, 0.0, 0.0), 1024, 1 << 30) == []  # no floor: no knee
 
 

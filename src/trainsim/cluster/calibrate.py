@@ -25,7 +25,7 @@ Algorithm:
 4. above the knee, for sizes of 20 ms or more, where the times repeat within 1-2 % from run to run,
    keep what the form misses as a ratio per calibrated size (``residual_ratios``), interpolated
    between sizes by ``Calibration.predict_us``; with several launches, also around the knee, where
-   the launches after the first measure sizes an eighth of an octave apart (``knee_sizes``).
+   the launches after the first measure sizes a sixteenth of an octave apart (``knee_sizes``).
 
 With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
 parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
@@ -361,10 +361,10 @@ KNEE_WINDOW = (0.5, 2.5)
 def knee_sizes(
     fit: tuple[float, float, float, float], lo: int, hi: int, unit: int = 1024
 ) -> list[int]:
-    """Sizes an eighth of an octave apart around the knee ``c = floor / b`` of ``fit`` (within
-    ``KNEE_WINDOW`` times ``c``, and ``lo < size <= hi``): ``unit * 2 ** (j / 8)`` for ``j`` not a
-    multiple of 4, so never on the x2 or x4 grids of ``default_sizes`` nor halfway between their sizes
-    in log size.
+    """Sizes a sixteenth of an octave apart around the knee ``c = floor / b`` of ``fit`` (within
+    ``KNEE_WINDOW`` times ``c``, and ``lo < size <= hi``): ``unit * 2 ** ((j + 1/2) / 16)``, half a step
+    off the x2 and x4 grids of ``default_sizes`` and the sizes halfway between theirs in log size, so
+    never one of them, and with no gap at them either.
 
     Between the latency floor and the bandwidth line the real curve bends over an octave or two
     (on a link shaped with ``tbf``, as the all-reduce outgrows the bucket), where the form's sharp
@@ -374,15 +374,19 @@ def knee_sizes(
     a curve: at 1 Gbit/s every 3 KiB from 30 to 63 KiB (2026-11-26, two calibrations taking turns, 5
     launches each) read 309 305 321 362 396 429 487 489 515 530 553 576 us and 306 308 314 364 394 427
     486 489 500 522 555 574, steps of 40-60 us at 36-39 and 45-48 KiB (the shaper's bucket and TCP's
-    packets of ~12 KB) repeating within 3 %; a quarter octave apart (38 and 54 KiB) the sizes straddle
-    both steps, and 45 KiB came out 5.5-11 % off in three runs."""
+    packets of ~12 KB). Eighth octaves that left out the sizes on and halfway between the grid's
+    (2026-11-26 19:47) bracketed 45.25 KiB by 41.5 (385 us) and 49.35 KiB (491): a quarter octave
+    that holds a whole step, and 45.25 KiB checked 10 % above the interpolation. Two calibrations
+    taking turns that evening read 38 40 42 44 45.25 46.5 48 50 KiB at 335 363 395 408 443 476 489 490
+    us and 336 366 396 409 446 491 494 490 (medians of 6 launches): a step's 30-40 us falls within
+    1-2 KiB, which a sixteenth of an octave (4.4 %, 2 KiB at 45 KiB) resolves."""
     _, b, floor, _ = fit
     if b <= 0 or floor <= 0:
         return []
     c = floor / b
-    j_lo = int(np.ceil(8 * np.log2(max(KNEE_WINDOW[0] * c, 1.0) / unit)))
-    j_hi = int(np.floor(8 * np.log2(KNEE_WINDOW[1] * c / unit)))
-    out = [round(unit * 2 ** (j / 8)) for j in range(j_lo, j_hi + 1) if j % 4]
+    j_lo = int(np.ceil(16 * np.log2(max(KNEE_WINDOW[0] * c, 1.0) / unit) - 0.5))
+    j_hi = int(np.floor(16 * np.log2(KNEE_WINDOW[1] * c / unit) - 0.5))
+    out = [round(unit * 2 ** ((j + 0.5) / 16)) for j in range(j_lo, j_hi + 1)]
     return [x for x in out if lo < x <= hi]
 
 
