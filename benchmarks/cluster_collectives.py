@@ -28,6 +28,7 @@ from cluster_common import DOC, command_line, stamp, write_section
 LINKS = ((1000.0, 0.0, 256 << 20), (100.0, 0.0, 64 << 20), (100.0, 5.0, 64 << 20))
 QUICK_LINKS = ((200.0, 0.0, 4 << 20),)
 LAUNCHES = 10  # realtime runs: sizes up to 256 KiB measured in this many launches, the median kept
+FLOOR_LAUNCHES = 20  # ... and the sizes under 1 ms (the latency floor) in this many launches more
 SMALL_BUDGET_S = 1.0  # in each launch after the first: all-reduce time per size (ROUNDS_PER_S rounds a second)
 
 
@@ -39,6 +40,7 @@ def main() -> int:
                     help="scheduling class of the ranks' threads (see `trainsim calibrate --realtime`)")
     args = ap.parse_args()
     from trainsim.cluster.calibrate import (
+        FLOOR_MAX_US,
         RESIDUAL_FROM_KNEE,
         RESIDUAL_MIN_US,
         ROUNDS,
@@ -80,7 +82,10 @@ def main() -> int:
         f"Each has its own fit and check run; in the realtime runs the sizes up to 256 KiB are measured in {LAUNCHES}",
         f"launches of new processes each (after the first, {SMALL_BUDGET_S:g} s of all-reduces per size in "
         f"{round(ROUNDS_PER_S * SMALL_BUDGET_S)} rounds)",
-        "and the median launch kept (`--launches`), the fit's and the check's launches taking turns.",
+        "and the median launch kept (`--launches`), the fit's and the check's launches taking turns; then the sizes",
+        f"whose first launch read under {FLOOR_MAX_US / 1e3:g} ms (the latency floor) in {FLOOR_LAUNCHES} launches more (`--floor-launches`),",
+        "each such size's median over all its launches, and in the fit run every floor size below the knee window",
+        "gets its measured ratio as well (`residual_ratios(measured_floor=True)`).",
         "",
     ]
     scheds = ("default", "realtime") if args.sched == "both" else (args.sched,)
@@ -104,6 +109,7 @@ def main() -> int:
                 fit, check = calibrate_interleaved([sizes, check_sizes], world=2, rate_mbit=rate, delay_ms=delay,
                                                    reps=reps, net=net, realtime=rt, pin=rt,
                                                    launches=LAUNCHES if rt else 1,
+                                                   floor_launches=FLOOR_LAUNCHES if rt else 0,
                                                    small_budget_s=SMALL_BUDGET_S, knee=[True, False])  # fmt: skip
                 for note in fit.notes + check.notes:
                     print(f"note: {note}", file=sys.stderr)

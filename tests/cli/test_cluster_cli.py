@@ -53,6 +53,7 @@ def test_calibrate_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--delay", "-2"]) == 2
     assert main(["calibrate", "--max-bytes", "lots"]) == 2
     assert main(["calibrate", "--launches", "3", "--launch-seconds", "0"]) == 2
+    assert main(["calibrate", "--floor-launches", "-1"]) == 2
     assert "expected" in capsys.readouterr().err
 
 

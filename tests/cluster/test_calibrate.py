@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from trainsim.cluster.calibrate import (
+    KNEE_WINDOW,
     RESIDUAL_MIN_US,
     Calibration,
     _fit_knee_kept,
@@ -197,6 +198,29 @@ def test_knee_points_correct_the_corner_of_the_form() -> None:
     assert all(r == 1.0 for x, r in zip(*residual_ratios(s, t, fit, kept), strict=True) if x < 2 * c)
 
 
+def test_floor_ratios_follow_a_step_on_the_latency_floor() -> None:
+    # a floor with a 25 us step between 4 and 8 KiB, then the 8 us/KiB line: the form's one floor and
+    # one slope miss the step; sizes measured in many launches (``measured_floor``) keep their measured ratios
+    def truth(x: float) -> float:
+        return max(280.0 + (25.0 if x > 5.3 * 1024 else 0.0), 8.0 * x / 1024)
+
+    s = np.array(default_sizes(4 << 20, factor=2), dtype=float)
+    t = np.array([truth(x) for x in s])
+    fit, kept = _fit_knee_kept(s, t)
+    c = fit[2] / fit[1]
+    sizes, ratio = residual_ratios(s, t, fit, kept, measured_floor=True)
+    below = [x for x in s if x < KNEE_WINDOW[0] * c]
+    assert len(below) >= 4 and set(below) <= set(sizes)
+    link = fit_alpha_beta(s, t, world=2)[2]
+    cal = Calibration(world=2, rate_mbit=1000, delay_ms=0, sizes_bytes=list(map(int, s)), measured_us=list(t),
+                      a_us=fit[0], b_us_per_byte=fit[1], floor_us=fit[2], b0_us_per_byte=fit[3], link=link,
+                      residual_sizes_bytes=sizes, residual_ratio=ratio, floor_launches=20)  # fmt: skip
+    assert all(cal.predict_us(x) == pytest.approx(truth(x)) for x in below)
+    # without ``measured_floor`` the sizes below the knee keep the form
+    assert all(r == 1.0 for x, r in zip(*residual_ratios(s, t, fit, kept), strict=True) if x in below)
+    assert Calibration.from_json(cal.to_json()).floor_launches == 20
+
+
 def test_calibrate_interleaved_checks_its_input() -> None:
     with pytest.raises(UserError, match="sizes"):
         calibrate_interleaved([])
@@ -206,6 +230,8 @@ def test_calibrate_interleaved_checks_its_input() -> None:
         calibrate_interleaved([[1024]], launches=0)
     with pytest.raises(UserError, match="small_rounds"):
         calibrate_interleaved([[1024]], launches=2, small_rounds=0)
+    with pytest.raises(UserError, match="floor_launches=-1"):
+        calibrate_interleaved([[1024]], floor_launches=-1)
     assert default_sizes(8192, factor=2) == [1024, 2048, 4096, 8192] and default_sizes(8192) == [1024, 4096]
 
 
@@ -319,9 +345,12 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(pinned.measured_us) == 3 and all(t > 0 for t in pinned.measured_us)
     assert not any("pinning the ranks to cores refused" in n for n in pinned.notes)
     # two calibrations whose launches take turns, each with its own sizes and fit
+    # (real-time class, pinned: on loopback the kilobyte sizes then take 0.1-0.3 ms, under FLOOR_MAX_US)
     fit, check = calibrate_interleaved([[1024, 4096, 1 << 20], [2048, 8192]], world=2, reps=2, budget_s=0.05,
-                                       launches=2)  # fmt: skip
+                                       launches=2, floor_launches=2, realtime=True, pin=True)  # fmt: skip
     assert fit.sizes_bytes == [1024, 4096, 1 << 20] and check.sizes_bytes == [2048, 8192]
+    # the floor launches of the sizes under FLOOR_MAX_US
+    assert fit.floor_launches == check.floor_launches == 2
     assert all(t > 0 for t in fit.measured_us + check.measured_us) and fit.predict_us(2048) > 0
     # sizes around the first launch's knee, measured in the second launch only, never a grid size
     assert len(fit.knee_sizes_bytes) == len(fit.knee_measured_us) and all(t > 0 for t in fit.knee_measured_us)

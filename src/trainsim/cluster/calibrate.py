@@ -25,7 +25,9 @@ Algorithm:
 4. above the knee, for sizes of 20 ms or more, where the times repeat within 1-2 % from run to run,
    keep what the form misses as a ratio per calibrated size (``residual_ratios``), interpolated
    between sizes by ``Calibration.predict_us``; with several launches, also around the knee, where
-   the launches after the first measure sizes a sixteenth of an octave apart (``knee_sizes``).
+   the launches after the first measure sizes a sixteenth of an octave apart (``knee_sizes``); with
+   ``floor_launches``, further launches of the sizes on the latency floor (under ``FLOOR_MAX_US``)
+   make their medians steady enough to keep as measured too.
 
 With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
 parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
@@ -121,6 +123,9 @@ class Calibration:
     (``knee_sizes``); not in the fit, only in ``residual_ratios``"""
     knee_measured_us: list[float] = field(default_factory=list)
     """all-reduce time at each of ``knee_sizes_bytes``: the median of the further launches"""
+    floor_launches: int = 0
+    """launches, beyond ``launches``, that measured only the sizes on the latency floor (``FLOOR_MAX_US``);
+    with any, those sizes' medians are over every launch and each gets its measured ratio"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -396,6 +401,7 @@ def residual_ratios(
     fit: tuple[float, float, float, float],
     keep: np.ndarray,
     knee_pts: tuple[Sequence[int], Sequence[float]] = ((), ()),
+    measured_floor: bool = False,
 ) -> tuple[list[int], list[float]]:
     """Where the fitted form misses the measured times by a few percent, the measurement itself:
     ``(sizes, measured / fitted)`` at the sizes the fit kept, with ratio 1 below ``RESIDUAL_FROM_KNEE``
@@ -415,13 +421,23 @@ def residual_ratios(
 
     ``knee_pts``: ``(sizes, times)`` measured around the knee (``knee_sizes``). Where there are
     any, every size within ``KNEE_WINDOW`` times the knee, theirs and the fit's own (kept or not),
-    gets its measured ratio: there the form's corner, not noise, is what misses."""
+    gets its measured ratio: there the form's corner, not noise, is what misses.
+
+    ``measured_floor``: the sizes below the knee window were measured in many launches (``floor_launches``);
+    each of them gets its measured ratio too. The floor is not flat: at 1 Gbit/s it steps by 20-30 us
+    between 5 and 5.66 KiB (2026-11-26, two calibrations taking turns), which one floor and one slope
+    cannot follow; with 10 launches the noise of the medians (a launch's level moves by up to +-7 %)
+    was as large as that miss, so the form alone was the better choice there."""
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(times_us, dtype=float)
     a, b, floor, b0 = fit
     c = floor / b if b > 0 else 0.0
     fitted = knee_us(s, a, b, floor, b0)
     ratio = np.where((s >= RESIDUAL_FROM_KNEE * c) & (fitted >= RESIDUAL_MIN_US), t / fitted, 1.0)
+    if measured_floor:
+        below = s < KNEE_WINDOW[0] * c
+        ratio = np.where(below, t / fitted, ratio)
+        keep = keep | below
     ks, kt = np.asarray(knee_pts[0], dtype=float), np.asarray(knee_pts[1], dtype=float)
     if ks.size:
         near = (s >= KNEE_WINDOW[0] * c) & (s <= KNEE_WINDOW[1] * c)
@@ -514,6 +530,7 @@ def calibrate(
     launches: int = 1,
     small_budget_s: float | None = None,
     small_rounds: int | None = None,
+    floor_launches: int = 0,
 ) -> Calibration:
     """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
     ``allgather_sizes``: per-rank sizes at which to time the hook's all-gather too
@@ -526,12 +543,13 @@ def calibrate(
     processes and keep, per size, the median of the launches (where the ranks' threads land changes
     the sub-millisecond times from one launch to the next; the other measurements come from the
     first launch); ``small_budget_s``, ``small_rounds``: all-reduce time per size and rounds in each of
-    those further launches (``calibrate_interleaved``)."""
+    those further launches (``calibrate_interleaved``); ``floor_launches``: that many launches more of
+    the sizes on the latency floor only (their first launch under ``FLOOR_MAX_US``)."""
     return calibrate_interleaved(
         [sizes or default_sizes(max_bytes, min_bytes)], world=world, rate_mbit=rate_mbit, delay_ms=delay_ms,
         reps=reps, budget_s=budget_s, timeout_s=timeout_s, net=net, allgather_sizes=allgather_sizes,
         p2p_sizes=p2p_sizes, realtime=realtime, pin=pin, launches=launches, small_budget_s=small_budget_s,
-        small_rounds=small_rounds,
+        small_rounds=small_rounds, floor_launches=floor_launches,
     )[0]  # fmt: skip
 
 
@@ -553,6 +571,7 @@ def calibrate_interleaved(
     small_budget_s: float | None = None,
     small_rounds: int | None = None,
     knee: Sequence[bool] | None = None,
+    floor_launches: int = 0,
 ) -> list[Calibration]:
     """Independent calibrations, one per list of ``size_sets`` (each its own processes, its own fit),
     whose launches take turns: each one's first launch, then the further launches of the small sizes
@@ -565,7 +584,10 @@ def calibrate_interleaved(
     there counts more than the number of launches, for a sub-millisecond all-reduce on this host is
     slow or fast for a second or two at a time, within a launch as across launches. ``knee``: per
     size set, whether its further launches also measure ``knee_sizes`` (default: all; a run that only
-    checks another's model needs none). Other arguments as ``calibrate``."""
+    checks another's model needs none). ``floor_launches``: after those, this many launches more (taking
+    turns the same way) of each calibration's sizes whose first launch read under ``FLOOR_MAX_US``: the
+    latency floor, where a launch's level (+-7 %) is most of the noise of a median, and a launch of a
+    few such sizes costs seconds. Other arguments as ``calibrate``."""
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
@@ -579,6 +601,8 @@ def calibrate_interleaved(
         raise UserError(f"calibrate: budget_s={budget_s}; expected >= 0 seconds")
     if launches < 1:
         raise UserError(f"calibrate: launches={launches}; expected >= 1")
+    if floor_launches < 0:
+        raise UserError(f"calibrate: floor_launches={floor_launches}; expected >= 0")
     if knee is not None and len(knee) != len(size_sets):
         raise UserError(f"calibrate: knee={list(knee)} for {len(size_sets)} size sets; expected one flag per set")
     if (small_rounds is not None and small_rounds < 1) or (small_budget_s is not None and small_budget_s < 0):
@@ -600,7 +624,9 @@ def calibrate_interleaved(
         args = ["-m", "trainsim.cluster.calibrate", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
                 ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-", mode]  # fmt: skip
         small = [x for x in sizes if x <= LAUNCH_MAX_BYTES] if launches > 1 else []
-        runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), args[4], str(small_budget), "-",
+        # the further launches: one repetition per round at least (their budget sets the count): at
+        # +5 ms a round's five repetitions, each after a barrier, took 8 s per size where 1 s was asked
+        runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), "1", str(small_budget), "-",
                                                  "-", mode, str(small_rounds)]))  # fmt: skip
 
     def go(n: Any) -> list[tuple[list[str], list[list[str]]]]:
@@ -620,8 +646,22 @@ def calibrate_interleaved(
             for i, (_, _, small, small_args) in enumerate(runs):
                 if small:
                     more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
+        floor_args = []
+        floors.clear()
+        floor_more[:] = [[] for _ in runs]
+        for (sizes, _, _, small_args), first in zip(runs, firsts, strict=True):
+            med = [round_mean(r) for r in json.loads(first[0].strip().splitlines()[-1])["rounds_us"]]
+            fl = [x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
+            floor_args.append((fl, [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]))
+            floors.append(fl if floor_launches else [])
+        for _ in range(floor_launches):
+            for i, (fl, fa) in enumerate(floor_args):
+                if fl:
+                    floor_more[i].append(launch(world, fa, net=n, timeout_s=timeout_s))
         return list(zip(firsts, more, strict=True))
 
+    floors: list[list[int]] = []  # per calibration: the sizes of its floor launches
+    floor_more: list[list[list[str]]] = [[] for _ in runs]
     notes: list[str] = []
     if isinstance(net, Netns):
         outs = go(net)
@@ -642,18 +682,19 @@ def calibrate_interleaved(
             where = "loopback"
     return [
         _built(sizes, small, first, more, world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, where=where,
-               notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin)
-        for (sizes, _, small, _), (first, more) in zip(runs, outs, strict=True)
+               notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin,
+               floor_runs=(fl, fm))
+        for (sizes, _, small, _), (first, more), fl, fm in zip(runs, outs, floors, floor_more, strict=True)
     ]  # fmt: skip
 
 
 def _built(
     sizes: list[int], small: list[int], first: list[str], more: list[list[str]], *, world: int,
     rate_mbit: float | None, delay_ms: float, where: str, notes: list[str], ag_sizes: list[int],
-    pp_sizes: list[int], realtime: bool, pin: bool,
+    pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: tuple[list[int], list[list[str]]] = ([], []),
 ) -> Calibration:  # fmt: skip
-    """One ``Calibration`` from its workers' outputs: the first launch ``first`` and the further
-    launches ``more`` of the ``small`` sizes."""
+    """One ``Calibration`` from its workers' outputs: the first launch ``first``, the further
+    launches ``more`` of the ``small`` sizes and ``floor_runs``: (sizes, launches) of the floor launches."""
     data = json.loads(first[0].strip().splitlines()[-1])
     if pin and not data.get("pinned"):
         notes.append(f"pinning the ranks to cores refused ({data.get('pin_error')}): threads were not pinned")
@@ -662,10 +703,11 @@ def _built(
     med = [round_mean(r) for r in data["rounds_us"]]
     knee_s: list[int] = []
     knee_t: list[float] = []
-    if more:  # per size up to LAUNCH_MAX_BYTES: the median over the launches
-        by_size: dict[int, list[float]] = {s: [] for s in small}
-        for o in more:
-            for s, r in zip(small, json.loads(o[0].strip().splitlines()[-1])["rounds_us"], strict=True):
+    fl_sizes, fl_more = floor_runs
+    if more or fl_more:  # per size up to LAUNCH_MAX_BYTES: the median over the launches
+        by_size: dict[int, list[float]] = {s: [] for s in (*small, *fl_sizes)}
+        for o, which in [*((o, small) for o in more), *((o, fl_sizes) for o in fl_more)]:
+            for s, r in zip(which, json.loads(o[0].strip().splitlines()[-1])["rounds_us"], strict=True):
                 by_size[s].append(round_mean(r))
         med = [float(statistics.median([m, *by_size[s]])) if s in by_size else m
                for s, m in zip(sizes, med, strict=True)]  # fmt: skip
@@ -673,7 +715,7 @@ def _built(
         knee_t = [float(statistics.median(by_size[s])) for s in knee_s]
     (a, b, floor, b0), kept = _fit_knee_kept(np.array(sizes), np.array(med))
     res_sizes, res_ratio = residual_ratios(np.array(sizes), np.array(med), (a, b, floor, b0), kept,
-                                           (knee_s, knee_t))  # fmt: skip
+                                           (knee_s, knee_t), measured_floor=bool(fl_more))  # fmt: skip
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) >= 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
@@ -692,12 +734,13 @@ def _built(
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
         post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
         residual_sizes_bytes=res_sizes, residual_ratio=res_ratio, knee_sizes_bytes=knee_s,
-        knee_measured_us=knee_t,
+        knee_measured_us=knee_t, floor_launches=len(fl_more),
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- worker (one per rank)
 LAUNCH_MAX_BYTES = 256 << 10  # sizes measured in every launch when ``calibrate(launches=...)`` > 1
+FLOOR_MAX_US = 1000.0  # ``floor_launches`` measure the sizes whose first launch read under this
 MAX_REPS = 2000  # sub-millisecond sizes: enough repetitions to fill the budget (0.3 s)
 ROUND_MAX_S = 0.05  # sizes whose all-reduce takes longer are measured in the first round only
 CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
