@@ -1,6 +1,6 @@
 """Calibrated all-reduce model vs measurement on shaped links, 1 KiB .. 256 MiB.
 
-    python benchmarks/cluster_collectives.py           # 3 links, ~100 min
+    python benchmarks/cluster_collectives.py           # 3 links, ~65 min
     python benchmarks/cluster_collectives.py --quick   # 1 link, up to 4 MiB, ~5 min
 
 For each link: open the 2-namespace network and run two independent calibrations
