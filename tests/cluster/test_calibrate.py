@@ -18,8 +18,10 @@ from trainsim.cluster.calibrate import (
     fit_model,
     knee_sizes,
     knee_us,
+    measured_knee,
     residual_ratios,
     round_mean,
+    sizes_around,
 )
 from trainsim.errors import UserError
 
@@ -167,6 +169,31 @@ def test_knee_sizes_fill_the_bend_between_the_grids_sizes() -> None:
         assert above / g == pytest.approx(2 ** (1 / 32), rel=1e-3)
     assert knee_sizes((0.0, 8.0, 8.0 * 32768, 0.0), 1024, 40 << 10) == [k for k in ks if k <= 40 << 10]  # up to hi
     assert knee_sizes((100.0, 8.0, 0.0, 0.0), 1024, 1 << 30) == []  # no floor: no knee
+
+
+def test_measured_knee_where_the_fit_places_none() -> None:
+    # the +5 ms link of 2026-11-27 00:17 (medians of the fit run): the form fits with its knee at 38 KiB,
+    # but with 1 % noise per size many fits trade the floor for the slope below the knee
+    sizes = [1 << k for k in range(10, 27)]
+    times = [22298.0, 22329, 22382, 22510, 22746, 23253, 25953, 31228, 42382, 62227, 107290, 194342, 365500,
+             731941, 1492188, 2942034, 5894960]  # fmt: skip
+    rng = np.random.default_rng(0)
+    lost = 0
+    for _ in range(50):
+        noisy = np.array(times) * (1 + rng.normal(0, 0.01, len(times)))
+        fit, _ = _fit_knee_kept(np.array(sizes, dtype=float), noisy)
+        lost += not knee_sizes(fit, 1024, 256 << 10)
+        c = measured_knee(sizes, list(noisy), fit[1])
+        assert c is not None and 24 << 10 < c < 48 << 10
+        around = sizes_around(c, 1024, 256 << 10)
+        assert min(around) < 32 << 10 and max(around) > 45 << 10  # the check's 45.25 KiB inside
+    assert lost > 5
+    # a sharp corner at 3.75 KiB under an 80 us/KiB line; no rise, no knee
+    line = [max(300.0, 80.0 * x / 1024) for x in (1024, 2048, 4096, 8192)]
+    # (the corner through 8 KiB, the first size off the floor, is 3.75 KiB: halfway to 8 KiB in log size)
+    assert measured_knee([1024, 2048, 4096, 8192], line, 80.0 / 1024) == pytest.approx((3.75 * 8) ** 0.5 * 1024)
+    assert measured_knee([1024, 2048], [100.0, 110.0], 0.01) is None
+    assert measured_knee([1024, 2048], [100.0, 110.0], 0.0) is None
 
 
 def test_knee_points_correct_the_corner_of_the_form() -> None:

@@ -388,11 +388,43 @@ def knee_sizes(
     _, b, floor, _ = fit
     if b <= 0 or floor <= 0:
         return []
-    c = floor / b
+    return sizes_around(floor / b, lo, hi, unit)
+
+
+def sizes_around(c: float, lo: int, hi: int, unit: int = 1024) -> list[int]:
+    """``knee_sizes`` for a knee at ``c`` bytes."""
     j_lo = int(np.ceil(16 * np.log2(max(KNEE_WINDOW[0] * c, 1.0) / unit) - 0.5))
     j_hi = int(np.floor(16 * np.log2(KNEE_WINDOW[1] * c / unit) - 0.5))
     out = [round(unit * 2 ** ((j + 0.5) / 16)) for j in range(j_lo, j_hi + 1)]
     return [x for x in out if lo < x <= hi]
+
+
+KNEE_MIN_RISE = 0.1
+"""``measured_knee``: a rise smaller than this share of the smallest size's time is noise"""
+
+
+def measured_knee(sizes: Sequence[int], times_us: Sequence[float], b: float) -> float | None:
+    """Where the measured times leave the latency floor, from the bandwidth line's slope ``b`` (µs
+    per byte) alone: at the first size S whose rise over the smallest size's time is at least half
+    of ``b S`` and at least ``KNEE_MIN_RISE`` of that time (above the noise of a median), halfway in
+    log size between S and the knee of a sharp corner through that point, ``S - rise / b``, which
+    lies too low where the floor itself slopes (at +5 ms 17-22 KiB, where the fit put 38); None if
+    no size rises that far or the corner falls below zero. The further launches' sizes go around it
+    where the first launch's fit places none: with a floor of 22 ms (+5 ms one way) the fit can trade
+    its floor for its slope below the knee (``b0`` close to ``b``), which puts the knee anywhere. On
+    the medians of the 2026-11-27 00:17 run at +5 ms (fitted knee 38 KiB), 73 of 200 copies with 1 %
+    noise per size put it beyond 512 KiB, and the run's first launch measured no size around it."""
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    s = [float(sizes[i]) for i in order]
+    t = [float(times_us[i]) for i in order]
+    if b <= 0 or len(s) < 2:
+        return None
+    for x, y in zip(s[1:], t[1:], strict=True):
+        rise = y - t[0]
+        if rise >= 0.5 * b * x and rise >= KNEE_MIN_RISE * t[0]:
+            c = x - rise / b
+            return float(np.sqrt(c * x)) if c > 0 else None
+    return None
 
 
 def residual_ratios(
@@ -638,6 +670,9 @@ def calibrate_interleaved(
                 med = [round_mean(r) for r in json.loads(first[0].strip().splitlines()[-1])["rounds_us"]]
                 fit, _ = _fit_knee_kept(np.array(sizes, dtype=float), np.array(med))
                 extra = [x for x in knee_sizes(fit, min(sizes), LAUNCH_MAX_BYTES) if x not in sizes]
+                c = measured_knee(sizes, med, fit[1])
+                if not extra and c is not None:  # the fit's knee is not where the times bend (``measured_knee``)
+                    extra = [x for x in sizes_around(c, min(sizes), LAUNCH_MAX_BYTES) if x not in sizes]
                 if extra:
                     small = sorted(small + extra)
                     runs[i] = (sizes, args, small, [*small_args[:3], ",".join(map(str, small)), *small_args[4:]])
