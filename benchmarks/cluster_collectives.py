@@ -2,6 +2,7 @@
 
     python benchmarks/cluster_collectives.py           # 3 links, ~65 min
     python benchmarks/cluster_collectives.py --quick   # 1 link, up to 4 MiB, ~5 min
+    python benchmarks/cluster_collectives.py --link 100/5 --sched realtime   # one link, printed, not written
 
 For each link: open the 2-namespace network and run two independent calibrations
 (``trainsim.cluster.calibrate.calibrate_interleaved``: each its own processes, their launches taking
@@ -38,7 +39,19 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sched", choices=("default", "realtime", "both"), default="both",
                     help="scheduling class of the ranks' threads (see `trainsim calibrate --realtime`)")
+    ap.add_argument("--link", action="append", default=[], metavar="RATE/DELAY",
+                    help="only the link of LINKS with this rate (Mbit/s) and one-way delay (ms); repeatable")
+    ap.add_argument("--no-write", action="store_true", help="print the section instead of writing the docs")
     args = ap.parse_args()
+    args.no_write = args.no_write or bool(args.link)  # a subset of the links never replaces the full section
+    links = QUICK_LINKS if args.quick else LINKS
+    if args.link:
+        want = set(args.link)
+        links = tuple(x for x in links if f"{x[0]:g}/{x[1]:g}" in want)
+        if len(links) != len(want):
+            print(f"--link {', '.join(args.link)}: expected RATE/DELAY among "
+                  f"{', '.join(f'{x[0]:g}/{x[1]:g}' for x in LINKS)}", file=sys.stderr)  # fmt: skip
+            return 2
     from trainsim.cluster.calibrate import (
         FLOOR_MAX_US,
         RESIDUAL_FROM_KNEE,
@@ -92,7 +105,7 @@ def main() -> int:
     worst_all = dict.fromkeys(scheds, 0.0)
     worst_form_all = dict.fromkeys(scheds, 0.0)
     raw: list[dict[str, object]] = []  # every calibration, for docs/benchmarks/cluster_collectives.json
-    for rate, delay, max_bytes in QUICK_LINKS if args.quick else LINKS:
+    for rate, delay, max_bytes in links:
         # the calibration grid x2 apart, twice as dense as the harnesses': on a x4 grid the knee between the
         # latency-bound and the bandwidth-bound sizes could sit anywhere between two sizes, and 8 KiB at
         # 200 Mbit/s, between 4 and 16 KiB, came out 5 % low in a trial of 2026-11-25
@@ -154,6 +167,9 @@ def main() -> int:
               "alone: " + ", ".join(f"{k} {v:.1f}%" for k, v in worst_form_all.items()) + ".",
               f"Wall time {time.monotonic() - t0:.0f} s. Raw: `docs/benchmarks/cluster_collectives.json` (every calibration,"
               " `trainsim.cluster.calibrate.Calibration.to_json`)."]  # fmt: skip
+    if args.no_write:
+        print("\n".join(lines))
+        return 0
     write_section("collectives" + ("_quick" if args.quick else ""), "\n".join(lines))
     if not args.quick:
         (DOC.parent / "cluster_collectives.json").write_text(json.dumps(raw, indent=1) + "\n")
