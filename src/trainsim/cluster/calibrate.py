@@ -663,15 +663,15 @@ def calibrate_interleaved(
 
     def go(n: Any) -> list[tuple[list[str], list[list[str]]]]:
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
+        meds = [[round_mean(r) for r in json.loads(f[0].strip().splitlines()[-1])["rounds_us"]] for f in firsts]
         if launches > 1:  # the further launches also measure sizes around the first launch's knee
-            for i, ((sizes, args, small, small_args), first) in enumerate(zip(runs, firsts, strict=True)):
+            for i, ((sizes, args, small, small_args), med) in enumerate(zip(runs, meds, strict=True)):
                 if knee is not None and not knee[i]:
                     continue
-                med = [round_mean(r) for r in json.loads(first[0].strip().splitlines()[-1])["rounds_us"]]
                 fit, _ = _fit_knee_kept(np.array(sizes, dtype=float), np.array(med))
                 extra = [x for x in knee_sizes(fit, min(sizes), LAUNCH_MAX_BYTES) if x not in sizes]
-                c = measured_knee(sizes, med, fit[1])
-                if not extra and c is not None:  # the fit's knee is not where the times bend (``measured_knee``)
+                c = None if extra else measured_knee(sizes, med, fit[1])
+                if c is not None:  # the fit placed none where the times bend (``measured_knee``)
                     extra = [x for x in sizes_around(c, min(sizes), LAUNCH_MAX_BYTES) if x not in sizes]
                 if extra:
                     small = sorted(small + extra)
@@ -684,8 +684,7 @@ def calibrate_interleaved(
         floor_args = []
         floors.clear()
         floor_more[:] = [[] for _ in runs]
-        for (sizes, _, _, small_args), first in zip(runs, firsts, strict=True):
-            med = [round_mean(r) for r in json.loads(first[0].strip().splitlines()[-1])["rounds_us"]]
+        for (sizes, _, _, small_args), med in zip(runs, meds, strict=True):
             fl = [x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
             floor_args.append((fl, [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]))
             floors.append(fl if floor_launches else [])
