@@ -661,7 +661,8 @@ def calibrate_interleaved(
         runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), "1", str(small_budget), "-",
                                                  "-", mode, str(small_rounds)]))  # fmt: skip
 
-    def go(n: Any) -> list[tuple[list[str], list[list[str]]]]:
+    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[int], list[list[str]]]]:
+        """Per calibration: its first launch, its further launches, its floor sizes and floor launches."""
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
         meds = [[round_mean(r) for r in json.loads(f[0].strip().splitlines()[-1])["rounds_us"]] for f in firsts]
         if launches > 1:  # the further launches also measure sizes around the first launch's knee
@@ -681,21 +682,16 @@ def calibrate_interleaved(
             for i, (_, _, small, small_args) in enumerate(runs):
                 if small:
                     more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
-        floor_args = []
-        floors.clear()
-        floor_more[:] = [[] for _ in runs]
-        for (sizes, _, _, small_args), med in zip(runs, meds, strict=True):
-            fl = [x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
-            floor_args.append((fl, [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]))
-            floors.append(fl if floor_launches else [])
+        floors = [[x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
+                  if floor_launches else [] for (sizes, _, _, _), med in zip(runs, meds, strict=True)]  # fmt: skip
+        floor_more: list[list[list[str]]] = [[] for _ in runs]
         for _ in range(floor_launches):
-            for i, (fl, fa) in enumerate(floor_args):
+            for i, ((_, _, _, small_args), fl) in enumerate(zip(runs, floors, strict=True)):
                 if fl:
+                    fa = [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]
                     floor_more[i].append(launch(world, fa, net=n, timeout_s=timeout_s))
-        return list(zip(firsts, more, strict=True))
+        return list(zip(firsts, more, floors, floor_more, strict=True))
 
-    floors: list[list[int]] = []  # per calibration: the sizes of its floor launches
-    floor_more: list[list[list[str]]] = [[] for _ in runs]
     notes: list[str] = []
     if isinstance(net, Netns):
         outs = go(net)
@@ -718,7 +714,7 @@ def calibrate_interleaved(
         _built(sizes, small, first, more, world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, where=where,
                notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin,
                floor_runs=(fl, fm))
-        for (sizes, _, small, _), (first, more), fl, fm in zip(runs, outs, floors, floor_more, strict=True)
+        for (sizes, _, small, _), (first, more, fl, fm) in zip(runs, outs, strict=True)
     ]  # fmt: skip
 
 
