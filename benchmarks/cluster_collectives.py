@@ -98,7 +98,9 @@ def main() -> int:
         "and the median launch kept (`--launches`), the fit's and the check's launches taking turns; then the sizes",
         f"whose first launch read under {FLOOR_MAX_US / 1e3:g} ms (the latency floor) in {FLOOR_LAUNCHES} launches more (`--floor-launches`),",
         "each such size's median over all its launches, and in the fit run every floor size below the knee window",
-        "gets its measured ratio as well (`residual_ratios(measured_floor=True)`).",
+        "gets its measured ratio as well (`residual_ratios(measured_floor=True)`). The floor launches also measure the",
+        "sizes a third and two thirds across the two steepest steps among the fit run's knee sizes (`step_sizes`:",
+        "a rise of at least 4 % beyond the line's between neighbours), which count as knee sizes.",
         "",
     ]
     scheds = ("default", "realtime") if args.sched == "both" else (args.sched,)
@@ -137,6 +139,8 @@ def main() -> int:
                 f"bandwidth {fit.link.bw_gbps * 8e3:.1f} Mbit/s); sizes around the knee: "
                 + (", ".join(f"{_size(x)} {t:,.0f} us" for x, t in zip(fit.knee_sizes_bytes, fit.knee_measured_us,
                                                                        strict=True)) or "-")
+                + "; splitting its steepest steps (`step_sizes`, in the floor launches): "
+                + (", ".join(_size(x) for x in fit.step_sizes_bytes) or "-")
                 + "; measured / fitted: "
                 + (", ".join(f"{_size(x)} {r:.3f}" for x, r in zip(fit.residual_sizes_bytes, fit.residual_ratio,
                                                                     strict=True) if r != 1.0) or "-") + ".  "

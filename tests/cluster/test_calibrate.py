@@ -22,6 +22,7 @@ from trainsim.cluster.calibrate import (
     residual_ratios,
     round_mean,
     sizes_around,
+    step_sizes,
 )
 from trainsim.errors import UserError
 
@@ -340,6 +341,42 @@ def test_allgather_line_or_ring_fallback() -> None:
 
 
 @pytest.mark.multiproc
+def test_step_sizes_split_the_steepest_steps() -> None:
+    # the knee sizes of the 1 Gbit/s fit run of 2026-11-27 00:17 (medians of 10 launches), 17 to 62.6 KiB
+    j = range(65, 95)
+    sizes = [round(1024 * 2 ** ((k + 0.5) / 16)) for k in j]
+    times = [285.8, 288.4, 290.1, 287.5, 286.5, 284.8, 289.8, 290.6, 291.0, 290.9, 291.1, 292.5, 290.4, 291.9,
+             290.4, 288.0, 291.7, 303.1, 319.1, 336.6, 368.2, 386.1, 405.7, 449.5, 473.6, 480.9, 478.1, 492.0,
+             512.2, 535.7]  # fmt: skip
+    b = 0.008648
+    out = step_sizes(sizes, times, b, 17e3, 90e3)
+    # the two steepest steps (44.29 -> 46.25 KiB: 6.5 % beyond the line; 38.89 -> 40.61: 4.9 %), in thirds
+    assert len(out) == 4
+    assert sum(44.29 * 1024 < x < 46.25 * 1024 for x in out) == 2
+    assert sum(38.89 * 1024 < x < 40.61 * 1024 for x in out) == 2
+    # never a size of the x2 grid or halfway between its sizes (the check run's), nor one measured
+    grid = {round(1024 * 2 ** (k / 2)) for k in range(40)}
+    assert all(abs(x - g) > 64 for x in out for g in grid) and not set(out) & set(sizes)
+    # a step in the gap's first third, with the check's 45.25 KiB in its second: once the thirds are
+    # measured the check size sits above the step with its neighbours
+    def truth(x: float) -> float:
+        return 400.0 + 0.0086 * x + (90.0 if x > 44.6 * 1024 else 0.0)
+
+    pts = sorted([*sizes, *out])
+    cal = Calibration(world=2, rate_mbit=1000, delay_ms=0, sizes_bytes=pts, measured_us=[truth(x) for x in pts],
+                      a_us=0.0, b_us_per_byte=0.0086, floor_us=0.0, b0_us_per_byte=0.0, link=fit_alpha_beta(
+                          np.array(pts, float), np.array([truth(x) for x in pts]), world=2)[2],
+                      residual_sizes_bytes=pts, residual_ratio=[truth(x) / (0.0086 * x) for x in pts],
+                      step_sizes_bytes=out)  # fmt: skip
+    check = 45.25 * 1024
+    without = float(np.interp(np.log(check), np.log(sizes), [truth(x) for x in sizes]))
+    assert abs(without / truth(check) - 1) > 0.04 and abs(cal.predict_us(check) / truth(check) - 1) < 0.02
+    assert Calibration.from_json(cal.to_json()).step_sizes_bytes == out
+    # no rise beyond the line's, no step; the window bounds the search
+    flat = [300.0 + b * x for x in sizes]
+    assert step_sizes(sizes, flat, b, 17e3, 90e3) == [] and step_sizes(sizes, times, b, 60e3, 90e3) == []
+
+
 def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     from trainsim.validate import netns
 
@@ -382,6 +419,8 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     # sizes around the first launch's knee, measured in the second launch only, never a grid size
     assert len(fit.knee_sizes_bytes) == len(fit.knee_measured_us) and all(t > 0 for t in fit.knee_measured_us)
     assert not set(fit.knee_sizes_bytes) & set(fit.sizes_bytes) and set(fit.knee_sizes_bytes) <= set(fit.residual_sizes_bytes)
+    # the sizes that split the steepest steps (if any), measured in the floor launches
+    assert all(set(c.step_sizes_bytes) <= set(c.knee_sizes_bytes) - set(c.sizes_bytes) for c in (fit, check))
 
 
 def test_p2p_line_and_duplex_factor() -> None:

@@ -40,6 +40,7 @@ predictions are what the what-ifs and ``validate dp`` use.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -126,6 +127,9 @@ class Calibration:
     floor_launches: int = 0
     """launches, beyond ``launches``, that measured only the sizes on the latency floor (``FLOOR_MAX_US``);
     with any, those sizes' medians are over every launch and each gets its measured ratio"""
+    step_sizes_bytes: list[int] = field(default_factory=list)
+    """sizes that split the steepest steps among the knee sizes (``step_sizes``), measured in the
+    floor launches (also in ``knee_sizes_bytes``, with their medians in ``knee_measured_us``)"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -427,6 +431,40 @@ def measured_knee(sizes: Sequence[int], times_us: Sequence[float], b: float) -> 
     return None
 
 
+STEP_MIN_RISE = 0.04
+"""``step_sizes``: a rise between neighbouring sizes beyond the bandwidth line's, as a share of the
+lower size's time, that marks a step of the measured curve (above a median's noise at these sizes)"""
+STEP_MAX = 2
+"""``step_sizes``: the steepest steps split, at most"""
+
+
+def step_sizes(sizes: Sequence[int], times_us: Sequence[float], b: float, lo: float, hi: float) -> list[int]:
+    """Sizes a third and two thirds of the way (in log size) across the ``STEP_MAX`` gaps between
+    neighbouring measured sizes within ``[lo, hi]`` bytes whose time rises the most beyond the line's
+    ``b`` (µs per byte) times the gap, where that excess is at least ``STEP_MIN_RISE`` of the lower
+    size's time.
+
+    Around the knee of an emulated link the curve climbs in steps (a message outgrows the shaper's
+    bucket; TCP's packets), and a step inside a gap leaves every size in it at the interpolation's
+    mercy: at 1 Gbit/s the knee sizes 44.29 and 46.25 KiB read 406 and 449 us (2026-11-27 00:17, the
+    median of 10 launches), 6.5 % more than the line between them, and a check at 45.25 KiB read 457
+    us where interpolation said 428 (-6.5 %). Measuring a gap's thirds places its step within a
+    third of it. The thirds of a sixteenth-octave gap between ``knee_sizes`` lie at
+    ``(j + 5/6) / 16`` and ``(j + 7/6) / 16`` octaves, never on the x2 grid or halfway between its
+    sizes."""
+    pts = sorted((float(x), float(t)) for x, t in zip(sizes, times_us, strict=True) if lo <= x <= hi)
+    rises = []
+    for (s0, t0), (s1, t1) in itertools.pairwise(pts):
+        excess = (t1 - t0 - b * (s1 - s0)) / t0 if t0 > 0 else 0.0
+        if excess >= STEP_MIN_RISE and s1 > s0:
+            rises.append((excess, s0, s1))
+    out: set[int] = set()
+    for _, s0, s1 in sorted(rises, reverse=True)[:STEP_MAX]:
+        out |= {round(s0 * (s1 / s0) ** f) for f in (1 / 3, 2 / 3)}
+    have = {int(x) for x in sizes}
+    return sorted(x for x in out if x not in have)
+
+
 def residual_ratios(
     sizes: np.ndarray,
     times_us: np.ndarray,
@@ -661,10 +699,12 @@ def calibrate_interleaved(
         runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), "1", str(small_budget), "-",
                                                  "-", mode, str(small_rounds)]))  # fmt: skip
 
-    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[int], list[list[str]]]]:
-        """Per calibration: its first launch, its further launches, its floor sizes and floor launches."""
+    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[int], list[list[str]], list[int]]]:
+        """Per calibration: its first launch, its further launches, its floor sizes, its floor launches
+        and the step sizes among the floor sizes."""
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
         meds = [[round_mean(r) for r in json.loads(f[0].strip().splitlines()[-1])["rounds_us"]] for f in firsts]
+        window: list[tuple[float, float, float] | None] = [None for _ in runs]  # (lo, hi, b) around the knee
         if launches > 1:  # the further launches also measure sizes around the first launch's knee
             for i, ((sizes, args, small, small_args), med) in enumerate(zip(runs, meds, strict=True)):
                 if knee is not None and not knee[i]:
@@ -674,6 +714,9 @@ def calibrate_interleaved(
                 c = None if extra else measured_knee(sizes, med, fit[1])
                 if c is not None:  # the fit placed none where the times bend (``measured_knee``)
                     extra = [x for x in sizes_around(c, min(sizes), LAUNCH_MAX_BYTES) if x not in sizes]
+                centre = c if c is not None else (fit[2] / fit[1] if fit[1] > 0 else 0.0)
+                if extra and centre > 0:
+                    window[i] = (KNEE_WINDOW[0] * centre, KNEE_WINDOW[1] * centre, fit[1])
                 if extra:
                     small = sorted(small + extra)
                     runs[i] = (sizes, args, small, [*small_args[:3], ",".join(map(str, small)), *small_args[4:]])
@@ -684,13 +727,20 @@ def calibrate_interleaved(
                     more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
         floors = [[x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
                   if floor_launches else [] for (sizes, _, _, _), med in zip(runs, meds, strict=True)]  # fmt: skip
+        steps: list[list[int]] = [[] for _ in runs]
+        for i, ((sizes, _, small, _), med, win) in enumerate(zip(runs, meds, window, strict=True)):
+            if floor_launches and win is not None and more[i]:  # the floor launches also split the steepest steps
+                by_size = _launch_times(sizes, med, small, more[i])
+                pts = [(x, float(statistics.median(t))) for x, t in sorted(by_size.items())]
+                steps[i] = step_sizes([x for x, _ in pts], [t for _, t in pts], win[2], win[0], win[1])
+                floors[i] = sorted(set(floors[i]) | set(steps[i]))
         floor_more: list[list[list[str]]] = [[] for _ in runs]
         for _ in range(floor_launches):
             for i, ((_, _, _, small_args), fl) in enumerate(zip(runs, floors, strict=True)):
                 if fl:
                     fa = [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]
                     floor_more[i].append(launch(world, fa, net=n, timeout_s=timeout_s))
-        return list(zip(firsts, more, floors, floor_more, strict=True))
+        return list(zip(firsts, more, floors, floor_more, steps, strict=True))
 
     notes: list[str] = []
     if isinstance(net, Netns):
@@ -713,8 +763,8 @@ def calibrate_interleaved(
     return [
         _built(sizes, small, first, more, world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, where=where,
                notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin,
-               floor_runs=(fl, fm))
-        for (sizes, _, small, _), (first, more, fl, fm) in zip(runs, outs, strict=True)
+               floor_runs=(fl, fm), steps=st)
+        for (sizes, _, small, _), (first, more, fl, fm, st) in zip(runs, outs, strict=True)
     ]  # fmt: skip
 
 
@@ -722,9 +772,11 @@ def _built(
     sizes: list[int], small: list[int], first: list[str], more: list[list[str]], *, world: int,
     rate_mbit: float | None, delay_ms: float, where: str, notes: list[str], ag_sizes: list[int],
     pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: tuple[list[int], list[list[str]]] = ([], []),
+    steps: list[int] | None = None,
 ) -> Calibration:  # fmt: skip
     """One ``Calibration`` from its workers' outputs: the first launch ``first``, the further
-    launches ``more`` of the ``small`` sizes and ``floor_runs``: (sizes, launches) of the floor launches."""
+    launches ``more`` of the ``small`` sizes and ``floor_runs``: (sizes, launches) of the floor launches,
+    whose sizes include the ``steps`` (``step_sizes``)."""
     data = json.loads(first[0].strip().splitlines()[-1])
     if pin and not data.get("pinned"):
         notes.append(f"pinning the ranks to cores refused ({data.get('pin_error')}): threads were not pinned")
@@ -741,7 +793,8 @@ def _built(
                 by_size[s].append(round_mean(r))
         med = [float(statistics.median([m, *by_size[s]])) if s in by_size else m
                for s, m in zip(sizes, med, strict=True)]  # fmt: skip
-        knee_s = [s for s in small if s not in sizes]  # ``knee_sizes``: measured in the further launches only
+        # ``knee_sizes``, measured in the further launches only, and ``step_sizes``, in the floor launches only
+        knee_s = sorted({s for s in (*small, *fl_sizes) if s not in sizes and by_size[s]})
         knee_t = [float(statistics.median(by_size[s])) for s in knee_s]
     (a, b, floor, b0), kept = _fit_knee_kept(np.array(sizes), np.array(med))
     res_sizes, res_ratio = residual_ratios(np.array(sizes), np.array(med), (a, b, floor, b0), kept,
@@ -764,8 +817,18 @@ def _built(
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
         post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
         residual_sizes_bytes=res_sizes, residual_ratio=res_ratio, knee_sizes_bytes=knee_s,
-        knee_measured_us=knee_t, floor_launches=len(fl_more),
+        knee_measured_us=knee_t, floor_launches=len(fl_more), step_sizes_bytes=sorted(steps or []),
     )  # fmt: skip
+
+
+def _launch_times(sizes: list[int], first_med: list[float], small: list[int], more: list[list[str]]) -> dict[int, list[float]]:
+    """Per size: the first launch's time (``sizes``, ``first_med``) where it measured it, then each
+    further launch's (``more``, of the ``small`` sizes)."""
+    by_size: dict[int, list[float]] = {s: [m] for s, m in zip(sizes, first_med, strict=True)}
+    for o in more:
+        for s, r in zip(small, json.loads(o[0].strip().splitlines()[-1])["rounds_us"], strict=True):
+            by_size.setdefault(s, []).append(round_mean(r))
+    return by_size
 
 
 # --------------------------------------------------------------------------- worker (one per rank)
