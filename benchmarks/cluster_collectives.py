@@ -42,6 +42,8 @@ def main() -> int:
     ap.add_argument("--link", action="append", default=[], metavar="RATE/DELAY",
                     help="only the link of LINKS with this rate (Mbit/s) and one-way delay (ms); repeatable")
     ap.add_argument("--no-write", action="store_true", help="print the section instead of writing the docs")
+    ap.add_argument("--raw", type=Path, metavar="FILE",
+                    help="also write every calibration (JSON) here; kept with --link and --no-write too")
     args = ap.parse_args()
     args.no_write = args.no_write or bool(args.link)  # a subset of the links never replaces the full section
     links = QUICK_LINKS if args.quick else LINKS
@@ -171,6 +173,8 @@ def main() -> int:
               "alone: " + ", ".join(f"{k} {v:.1f}%" for k, v in worst_form_all.items()) + ".",
               f"Wall time {time.monotonic() - t0:.0f} s. Raw: `docs/benchmarks/cluster_collectives.json` (every calibration,"
               " `trainsim.cluster.calibrate.Calibration.to_json`)."]  # fmt: skip
+    if args.raw:
+        args.raw.write_text(json.dumps(raw, indent=1) + "\n")
     if args.no_write:
         print("\n".join(lines))
         return 0

@@ -43,7 +43,8 @@ def _parse_bytes(text: str) -> int:
 @click.option("--launch-seconds", type=float, default=None,
               help="with --launches: seconds of all-reduces per size in each launch after the first (default 0.3)")
 @click.option("--floor-launches", type=int, default=0, show_default=True,
-              help="that many launches more of the sizes under 1 ms (the latency floor), each size's median over all")
+              help="that many launches more of the sizes under 1 ms (the latency floor), each size's median over all; "
+                   "with --launches, also of sizes that split the steepest steps around the knee")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the calibration JSON here")
 @click.option("--force", is_flag=True, help="overwrite an existing --out file")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
