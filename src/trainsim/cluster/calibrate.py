@@ -703,7 +703,7 @@ def calibrate_interleaved(
         """Per calibration: its first launch, its further launches, its floor sizes, its floor launches
         and the step sizes among the floor sizes."""
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
-        meds = [[round_mean(r) for r in json.loads(f[0].strip().splitlines()[-1])["rounds_us"]] for f in firsts]
+        meds = [_launch_means(f) for f in firsts]
         window: list[tuple[float, float, float] | None] = [None for _ in runs]  # (lo, hi, b) around the knee
         if launches > 1:  # the further launches also measure sizes around the first launch's knee
             for i, ((sizes, args, small, small_args), med) in enumerate(zip(runs, meds, strict=True)):
@@ -789,8 +789,8 @@ def _built(
     if more or fl_more:  # per size up to LAUNCH_MAX_BYTES: the median over the launches
         by_size: dict[int, list[float]] = {s: [] for s in (*small, *fl_sizes)}
         for o, which in [*((o, small) for o in more), *((o, fl_sizes) for o in fl_more)]:
-            for s, r in zip(which, json.loads(o[0].strip().splitlines()[-1])["rounds_us"], strict=True):
-                by_size[s].append(round_mean(r))
+            for s, m in zip(which, _launch_means(o), strict=True):
+                by_size[s].append(m)
         med = [float(statistics.median([m, *by_size[s]])) if s in by_size else m
                for s, m in zip(sizes, med, strict=True)]  # fmt: skip
         # ``knee_sizes``, measured in the further launches only, and ``step_sizes``, in the floor launches only
@@ -826,9 +826,14 @@ def _launch_times(sizes: list[int], first_med: list[float], small: list[int], mo
     further launch's (``more``, of the ``small`` sizes)."""
     by_size: dict[int, list[float]] = {s: [m] for s, m in zip(sizes, first_med, strict=True)}
     for o in more:
-        for s, r in zip(small, json.loads(o[0].strip().splitlines()[-1])["rounds_us"], strict=True):
-            by_size.setdefault(s, []).append(round_mean(r))
+        for s, m in zip(small, _launch_means(o), strict=True):
+            by_size.setdefault(s, []).append(m)
     return by_size
+
+
+def _launch_means(out: list[str]) -> list[float]:
+    """Per size of a launch's output (rank 0's stdout first): its time, ``round_mean`` of its rounds."""
+    return [round_mean(r) for r in json.loads(out[0].strip().splitlines()[-1])["rounds_us"]]
 
 
 # --------------------------------------------------------------------------- worker (one per rank)
