@@ -699,9 +699,9 @@ def calibrate_interleaved(
         runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), "1", str(small_budget), "-",
                                                  "-", mode, str(small_rounds)]))  # fmt: skip
 
-    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[int], list[list[str]], list[int]]]:
-        """Per calibration: its first launch, its further launches, its floor sizes, its floor launches
-        and the step sizes among the floor sizes."""
+    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[int], list[list[str]]]]:
+        """Per calibration: its first launch, its further launches, its floor sizes (with the step
+        sizes) and its floor launches."""
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
         meds = [_launch_means(f) for f in firsts]
         window: list[tuple[float, float, float] | None] = [None for _ in runs]  # (lo, hi, b) around the knee
@@ -727,20 +727,19 @@ def calibrate_interleaved(
                     more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
         floors = [[x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
                   if floor_launches else [] for (sizes, _, _, _), med in zip(runs, meds, strict=True)]  # fmt: skip
-        steps: list[list[int]] = [[] for _ in runs]
         for i, ((sizes, _, small, _), med, win) in enumerate(zip(runs, meds, window, strict=True)):
             if floor_launches and win is not None and more[i]:  # the floor launches also split the steepest steps
                 by_size = _launch_times(sizes, med, small, more[i])
                 pts = [(x, float(statistics.median(t))) for x, t in sorted(by_size.items())]
-                steps[i] = step_sizes([x for x, _ in pts], [t for _, t in pts], win[2], win[0], win[1])
-                floors[i] = sorted(set(floors[i]) | set(steps[i]))
+                steps = step_sizes([x for x, _ in pts], [t for _, t in pts], win[2], win[0], win[1])
+                floors[i] = sorted(set(floors[i]) | set(steps))
         floor_more: list[list[list[str]]] = [[] for _ in runs]
         for _ in range(floor_launches):
             for i, ((_, _, _, small_args), fl) in enumerate(zip(runs, floors, strict=True)):
                 if fl:
                     fa = [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]
                     floor_more[i].append(launch(world, fa, net=n, timeout_s=timeout_s))
-        return list(zip(firsts, more, floors, floor_more, steps, strict=True))
+        return list(zip(firsts, more, floors, floor_more, strict=True))
 
     notes: list[str] = []
     if isinstance(net, Netns):
@@ -763,8 +762,8 @@ def calibrate_interleaved(
     return [
         _built(sizes, small, first, more, world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, where=where,
                notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin,
-               floor_runs=(fl, fm), steps=st)
-        for (sizes, _, small, _), (first, more, fl, fm, st) in zip(runs, outs, strict=True)
+               floor_runs=(fl, fm))
+        for (sizes, _, small, _), (first, more, fl, fm) in zip(runs, outs, strict=True)
     ]  # fmt: skip
 
 
@@ -772,11 +771,10 @@ def _built(
     sizes: list[int], small: list[int], first: list[str], more: list[list[str]], *, world: int,
     rate_mbit: float | None, delay_ms: float, where: str, notes: list[str], ag_sizes: list[int],
     pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: tuple[list[int], list[list[str]]] = ([], []),
-    steps: list[int] | None = None,
 ) -> Calibration:  # fmt: skip
     """One ``Calibration`` from its workers' outputs: the first launch ``first``, the further
     launches ``more`` of the ``small`` sizes and ``floor_runs``: (sizes, launches) of the floor launches,
-    whose sizes include the ``steps`` (``step_sizes``)."""
+    whose sizes not among ``sizes`` are the ``step_sizes``."""
     data = json.loads(first[0].strip().splitlines()[-1])
     if pin and not data.get("pinned"):
         notes.append(f"pinning the ranks to cores refused ({data.get('pin_error')}): threads were not pinned")
@@ -817,7 +815,7 @@ def _built(
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
         post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
         residual_sizes_bytes=res_sizes, residual_ratio=res_ratio, knee_sizes_bytes=knee_s,
-        knee_measured_us=knee_t, floor_launches=len(fl_more), step_sizes_bytes=sorted(steps or []),
+        knee_measured_us=knee_t, floor_launches=len(fl_more), step_sizes_bytes=sorted(s for s in fl_sizes if s not in sizes),
     )  # fmt: skip
 
 
