@@ -372,9 +372,31 @@ def test_step_sizes_split_the_steepest_steps() -> None:
     without = float(np.interp(np.log(check), np.log(sizes), [truth(x) for x in sizes]))
     assert abs(without / truth(check) - 1) > 0.04 and abs(cal.predict_us(check) / truth(check) - 1) < 0.02
     assert Calibration.from_json(cal.to_json()).step_sizes_bytes == out
+    # the next turn of the floor launches: with the thirds measured (the 04:04 run's 44.93 and 45.58
+    # KiB: 410 and 450 us), the steepest gap is now the third that holds the step, and it is split again
+    meas = dict(zip(sizes, times, strict=True)) | {46008: 410.0, 46674: 450.0}
+    again = step_sizes(sorted(meas), [meas[x] for x in sorted(meas)], b, 17e3, 90e3)
+    assert sum(46008 < x < 46674 for x in again) == 2 and not set(again) & set(meas)
     # no rise beyond the line's, no step; the window bounds the search
     flat = [300.0 + b * x for x in sizes]
     assert step_sizes(sizes, flat, b, 17e3, 90e3) == [] and step_sizes(sizes, times, b, 60e3, 90e3) == []
+
+
+def test_round_plan_spreads_slow_sizes_over_the_rounds() -> None:
+    from trainsim.cluster.calibrate import ROUND_MAX_S, round_plan
+
+    slow = ROUND_MAX_S * 1e6 * 10
+    plan = round_plan([300.0, slow, slow * 4], reps=5, n_rounds=5)
+    assert len(plan) == 5 and all(r[0] is None for r in plan)  # fast: every round, on the time budget
+    assert [r[1] for r in plan] == [1, 1, 1, 1, 1] and [r[2] for r in plan] == [1, 1, 1, 1, 1]
+    assert round_plan([slow], reps=7, n_rounds=5) == [[2], [2], [2], [1], [0]]
+
+
+def test_level_counts() -> None:
+    from trainsim.cluster.calibrate import _level_counts
+
+    assert _level_counts(20, 2) == [10, 10] and _level_counts(5, 2) == [3, 2]
+    assert _level_counts(1, 2) == [1] and _level_counts(0, 2) == []
 
 
 def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:

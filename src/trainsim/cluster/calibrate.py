@@ -27,7 +27,9 @@ Algorithm:
    between sizes by ``Calibration.predict_us``; with several launches, also around the knee, where
    the launches after the first measure sizes a sixteenth of an octave apart (``knee_sizes``); with
    ``floor_launches``, further launches of the sizes on the latency floor (under ``FLOOR_MAX_US``)
-   make their medians steady enough to keep as measured too.
+   make their medians steady enough to keep as measured too; they also measure sizes inside the
+   steepest steps among the knee sizes, in turns that narrow each step's gap (``step_sizes``,
+   ``STEP_LEVELS``).
 
 With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
 parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
@@ -436,6 +438,8 @@ STEP_MIN_RISE = 0.04
 lower size's time, that marks a step of the measured curve (above a median's noise at these sizes)"""
 STEP_MAX = 2
 """``step_sizes``: the steepest steps split, at most"""
+STEP_LEVELS = 2
+"""turns of the floor launches, each after splitting the steepest steps found so far again (``step_sizes``)"""
 
 
 def step_sizes(sizes: Sequence[int], times_us: Sequence[float], b: float, lo: float, hi: float) -> list[int]:
@@ -451,7 +455,14 @@ def step_sizes(sizes: Sequence[int], times_us: Sequence[float], b: float, lo: fl
     us where interpolation said 428 (-6.5 %). Measuring a gap's thirds places its step within a
     third of it. The thirds of a sixteenth-octave gap between ``knee_sizes`` lie at
     ``(j + 5/6) / 16`` and ``(j + 7/6) / 16`` octaves, never on the x2 grid or halfway between its
-    sizes."""
+    sizes.
+
+    The floor launches call it again before each of their ``STEP_LEVELS`` turns, with the sizes
+    measured so far: a third can still hold the step. In two runs of 2026-11-27 (02:44, 04:04) the
+    thirds 44.93 and 45.58 KiB read 421 / 464 and 410 / 450 us, the check's 45.25 KiB between them
+    465 and 459 us, and the interpolation across that third missed it by -4.8 and -6.3 %; single
+    launches of sizes across it (05:25, ad hoc) put the step between 46,008 and 46,200 bytes (405-411
+    against 428-439 us), below the third 45.15 KiB that the next turn measures."""
     pts = sorted((float(x), float(t)) for x, t in zip(sizes, times_us, strict=True) if lo <= x <= hi)
     rises = []
     for (s0, t0), (s1, t1) in itertools.pairwise(pts):
@@ -699,9 +710,9 @@ def calibrate_interleaved(
         runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), "1", str(small_budget), "-",
                                                  "-", mode, str(small_rounds)]))  # fmt: skip
 
-    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[int], list[list[str]]]]:
-        """Per calibration: its first launch, its further launches, its floor sizes (with the step
-        sizes) and its floor launches."""
+    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[tuple[list[int], list[str]]]]]:
+        """Per calibration: its first launch, its further launches and its floor launches (each with
+        its sizes: the floor sizes and the step sizes found so far)."""
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
         meds = [_launch_means(f) for f in firsts]
         window: list[tuple[float, float, float] | None] = [None for _ in runs]  # (lo, hi, b) around the knee
@@ -727,19 +738,23 @@ def calibrate_interleaved(
                     more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
         floors = [[x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
                   if floor_launches else [] for (sizes, _, _, _), med in zip(runs, meds, strict=True)]  # fmt: skip
-        for i, ((sizes, _, small, _), med, win) in enumerate(zip(runs, meds, window, strict=True)):
-            if floor_launches and win is not None and more[i]:  # the floor launches also split the steepest steps
-                by_size = _launch_times(sizes, med, small, more[i])
-                pts = [(x, float(statistics.median(t))) for x, t in sorted(by_size.items())]
-                steps = step_sizes([x for x, _ in pts], [t for _, t in pts], win[2], win[0], win[1])
-                floors[i] = sorted(set(floors[i]) | set(steps))
-        floor_more: list[list[list[str]]] = [[] for _ in runs]
-        for _ in range(floor_launches):
-            for i, ((_, _, _, small_args), fl) in enumerate(zip(runs, floors, strict=True)):
-                if fl:
-                    fa = [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]
-                    floor_more[i].append(launch(world, fa, net=n, timeout_s=timeout_s))
-        return list(zip(firsts, more, floors, floor_more, strict=True))
+        # per calibration, each floor launch as (its sizes, its output): the floor launches come in
+        # ``STEP_LEVELS`` turns, and before each turn the steepest steps among the knee sizes measured so
+        # far are split again (``step_sizes``), so that each turn narrows the gap that holds a step
+        floor_more: list[list[tuple[list[int], list[str]]]] = [[] for _ in runs]
+        for count in _level_counts(floor_launches, STEP_LEVELS):
+            for i, ((sizes, _, small, _), med, win) in enumerate(zip(runs, meds, window, strict=True)):
+                if win is not None and more[i]:
+                    by_size = _launch_times(sizes, med, small, more[i], floor_more[i])
+                    pts = [(x, float(statistics.median(t))) for x, t in sorted(by_size.items())]
+                    steps = step_sizes([x for x, _ in pts], [t for _, t in pts], win[2], win[0], win[1])
+                    floors[i] = sorted(set(floors[i]) | set(steps))
+            for _ in range(count):
+                for i, ((_, _, _, small_args), fl) in enumerate(zip(runs, floors, strict=True)):
+                    if fl:
+                        fa = [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]
+                        floor_more[i].append((list(fl), launch(world, fa, net=n, timeout_s=timeout_s)))
+        return list(zip(firsts, more, floor_more, strict=True))
 
     notes: list[str] = []
     if isinstance(net, Netns):
@@ -762,19 +777,19 @@ def calibrate_interleaved(
     return [
         _built(sizes, small, first, more, world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, where=where,
                notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin,
-               floor_runs=(fl, fm))
-        for (sizes, _, small, _), (first, more, fl, fm) in zip(runs, outs, strict=True)
+               floor_runs=fm)
+        for (sizes, _, small, _), (first, more, fm) in zip(runs, outs, strict=True)
     ]  # fmt: skip
 
 
 def _built(
     sizes: list[int], small: list[int], first: list[str], more: list[list[str]], *, world: int,
     rate_mbit: float | None, delay_ms: float, where: str, notes: list[str], ag_sizes: list[int],
-    pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: tuple[list[int], list[list[str]]] = ([], []),
+    pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: Sequence[tuple[list[int], list[str]]] = (),
 ) -> Calibration:  # fmt: skip
     """One ``Calibration`` from its workers' outputs: the first launch ``first``, the further
-    launches ``more`` of the ``small`` sizes and ``floor_runs``: (sizes, launches) of the floor launches,
-    whose sizes not among ``sizes`` are the ``step_sizes``."""
+    launches ``more`` of the ``small`` sizes and ``floor_runs``: the floor launches, each as (its sizes,
+    its output), whose sizes not among ``sizes`` are the ``step_sizes``."""
     data = json.loads(first[0].strip().splitlines()[-1])
     if pin and not data.get("pinned"):
         notes.append(f"pinning the ranks to cores refused ({data.get('pin_error')}): threads were not pinned")
@@ -783,20 +798,17 @@ def _built(
     med = [round_mean(r) for r in data["rounds_us"]]
     knee_s: list[int] = []
     knee_t: list[float] = []
-    fl_sizes, fl_more = floor_runs
-    if more or fl_more:  # per size up to LAUNCH_MAX_BYTES: the median over the launches
-        by_size: dict[int, list[float]] = {s: [] for s in (*small, *fl_sizes)}
-        for o, which in [*((o, small) for o in more), *((o, fl_sizes) for o in fl_more)]:
-            for s, m in zip(which, _launch_means(o), strict=True):
-                by_size[s].append(m)
+    fl_sizes = sorted({x for fl, _ in floor_runs for x in fl})
+    if more or floor_runs:  # per size up to LAUNCH_MAX_BYTES: the median over the launches
+        by_size = _launch_times([], [], small, more, floor_runs)
         med = [float(statistics.median([m, *by_size[s]])) if s in by_size else m
                for s, m in zip(sizes, med, strict=True)]  # fmt: skip
         # ``knee_sizes``, measured in the further launches only, and ``step_sizes``, in the floor launches only
-        knee_s = sorted({s for s in (*small, *fl_sizes) if s not in sizes and by_size[s]})
+        knee_s = sorted({s for s in (*small, *fl_sizes) if s not in sizes and by_size.get(s)})
         knee_t = [float(statistics.median(by_size[s])) for s in knee_s]
     (a, b, floor, b0), kept = _fit_knee_kept(np.array(sizes), np.array(med))
     res_sizes, res_ratio = residual_ratios(np.array(sizes), np.array(med), (a, b, floor, b0), kept,
-                                           (knee_s, knee_t), measured_floor=bool(fl_more))  # fmt: skip
+                                           (knee_s, knee_t), measured_floor=bool(floor_runs))  # fmt: skip
     cpu = [(s, c) for s, c in zip(sizes, data.get("cpu_us", []), strict=False) if len(c) >= 4]
     ag = [float(statistics.fmean(x)) for x in data.get("allgather_us", [])]
     ag_fit = fit_model(np.array(ag_sizes), np.array(ag)) if ag else (0.0, 0.0, 0.0)
@@ -815,18 +827,28 @@ def _built(
         p2p_exchange_us=[e for _, e in p2p], gather_us=[g for g, _ in ps], broadcast_us=[b for _, b in ps],
         post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
         residual_sizes_bytes=res_sizes, residual_ratio=res_ratio, knee_sizes_bytes=knee_s,
-        knee_measured_us=knee_t, floor_launches=len(fl_more), step_sizes_bytes=sorted(s for s in fl_sizes if s not in sizes),
+        knee_measured_us=knee_t, floor_launches=len(floor_runs), step_sizes_bytes=sorted(s for s in fl_sizes if s not in sizes),
     )  # fmt: skip
 
 
-def _launch_times(sizes: list[int], first_med: list[float], small: list[int], more: list[list[str]]) -> dict[int, list[float]]:
+def _launch_times(
+    sizes: list[int], first_med: list[float], small: list[int], more: list[list[str]],
+    floor_runs: Sequence[tuple[list[int], list[str]]] = (),
+) -> dict[int, list[float]]:  # fmt: skip
     """Per size: the first launch's time (``sizes``, ``first_med``) where it measured it, then each
-    further launch's (``more``, of the ``small`` sizes)."""
+    further launch's (``more``, of the ``small`` sizes) and each floor launch's (``floor_runs``: its
+    sizes and its output)."""
     by_size: dict[int, list[float]] = {s: [m] for s, m in zip(sizes, first_med, strict=True)}
-    for o in more:
-        for s, m in zip(small, _launch_means(o), strict=True):
+    for which, o in [*((small, o) for o in more), *floor_runs]:
+        for s, m in zip(which, _launch_means(o), strict=True):
             by_size.setdefault(s, []).append(m)
     return by_size
+
+
+def _level_counts(n: int, levels: int) -> list[int]:
+    """``n`` launches in at most ``levels`` turns as even as they go, the larger turns first (none for 0)."""
+    k = min(n, levels)
+    return [n // k + (1 if j < n % k else 0) for j in range(k)] if k else []
 
 
 def _launch_means(out: list[str]) -> list[float]:
@@ -838,7 +860,7 @@ def _launch_means(out: list[str]) -> list[float]:
 LAUNCH_MAX_BYTES = 256 << 10  # sizes measured in every launch when ``calibrate(launches=...)`` > 1
 FLOOR_MAX_US = 1000.0  # ``floor_launches`` measure the sizes whose first launch read under this
 MAX_REPS = 2000  # sub-millisecond sizes: enough repetitions to fill the budget (0.3 s)
-ROUND_MAX_S = 0.05  # sizes whose all-reduce takes longer are measured in the first round only
+ROUND_MAX_S = 0.05  # sizes whose all-reduce takes longer: ``reps`` in all, spread over the rounds
 CPU_PASS_MAX_S = 2.0  # sizes whose all-reduce takes longer get no CPU pass (the fit extrapolates)
 P2P_MIN_REPS = 10
 """repetitions of the one-way send and of the exchange both ways at once, at least (``duplex_factor``).
@@ -933,6 +955,26 @@ def _timed(op: Callable[[], Any], n: int) -> list[float]:
     return times
 
 
+def round_plan(warm_us: Sequence[float], reps: int, n_rounds: int) -> list[list[int | None]]:
+    """Per round, per size: how the worker measures it; None: ``reps`` and more up to the round's
+    share of the time budget (``_measure``), for sizes whose warm-up all-reduce took under
+    ``ROUND_MAX_S``; a count: that many repetitions, the slower sizes' ``reps`` spread over the rounds
+    (0: none left for this round)."""
+    per_round = -(-reps // n_rounds)
+    return [[None if w < ROUND_MAX_S * 1e6 else max(0, min(per_round, reps - k * per_round)) for w in warm_us]
+            for k in range(n_rounds)]  # fmt: skip
+
+
+def _slowest(times: list[float]) -> list[float]:
+    """Per repetition, the slowest rank's time (every rank passes its own, in the same order)."""
+    import torch
+    import torch.distributed as dist
+
+    tt = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+    return list(tt.tolist())
+
+
 def _measure(op: Callable[[], Any], reps: int, budget_s: float) -> list[float]:
     """Times (µs) of ``op`` after a warm-up: ``reps`` runs, then more up to ``budget_s`` of them (at
     most ``MAX_REPS``, from the slowest rank's mean), and the slowest rank's time counts for each."""
@@ -948,9 +990,7 @@ def _measure(op: Callable[[], Any], reps: int, budget_s: float) -> list[float]:
     more = torch.tensor([min(MAX_REPS - reps, int(budget_s * 1e6 / max(float(mean.item()), 1.0)))])
     dist.broadcast(more, 0)
     times += _timed(op, max(0, int(more.item())))
-    tt = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(tt, op=dist.ReduceOp.MAX)
-    return list(tt.tolist())
+    return _slowest(times)
 
 
 POST_REPS = 40  # posts of each kind per pass of ``_post_pass``
@@ -1075,15 +1115,21 @@ def _worker(
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cpu: list[list[float]] = []
-    # every size in each of n_rounds rounds (those faster than ROUND_MAX_S after the first): a burst of
-    # load on the host that lasts a second or two then touches a share of each size's repetitions
-    # rather than all of two or three neighbouring sizes
+    # every size in each of n_rounds rounds: a burst of load on the host that lasts a second or two
+    # then touches a share of each size's repetitions rather than all of two or three neighbouring
+    # sizes. A size slower than ROUND_MAX_S (its warm-up all-reduce says) has its ``reps`` spread over
+    # the rounds, a few per round: its repetitions one after the other lasted seconds, long enough for
+    # one burst to slow them all (1 Gbit/s, 2026-11-27 05:11: the 90.51 MiB check read 9.53 ms/MiB,
+    # its neighbours 9.05-9.14; three launches right after, 8.91-8.98)
     xs = [torch.ones(max(1, size // 4), dtype=torch.float32) for size in sizes]
-    rounds = [[_measure(partial(dist.all_reduce, x), reps, budget_s / n_rounds)] for x in xs]
-    again = [i for i, r in enumerate(rounds) if statistics.fmean(r[0]) < ROUND_MAX_S * 1e6]
-    for _ in range(n_rounds - 1):
-        for i in again:
-            rounds[i].append(_measure(partial(dist.all_reduce, xs[i]), reps, budget_s / n_rounds))
+    warm = [_slowest(_timed(partial(dist.all_reduce, x), 1))[0] for x in xs]
+    rounds: list[list[list[float]]] = [[] for _ in xs]
+    for plan in round_plan(warm, reps, n_rounds):
+        for i, (x, n) in enumerate(zip(xs, plan, strict=True)):
+            if n is None:
+                rounds[i].append(_measure(partial(dist.all_reduce, x), reps, budget_s / n_rounds))
+            elif n:
+                rounds[i].append(_slowest(_timed(partial(dist.all_reduce, x), n)))
     out = [[t for r in rs for t in r] for rs in rounds]
     for x, times in zip(xs, out, strict=True):
         slow = statistics.fmean(times) > CPU_PASS_MAX_S * 1e6
