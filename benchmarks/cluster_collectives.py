@@ -58,8 +58,10 @@ def main() -> int:
         FLOOR_MAX_US,
         RESIDUAL_FROM_KNEE,
         RESIDUAL_MIN_US,
+        ROUND_MAX_S,
         ROUNDS,
         ROUNDS_PER_S,
+        STEP_LEVELS,
         calibrate_interleaved,
         default_sizes,
     )
@@ -77,7 +79,8 @@ def main() -> int:
         head,
         "Model: `t = a + max(floor + b0 (size - floor / b), b * size)` (`trainsim.cluster.calibrate.fit_knee`,",
         f"relative least squares) on one calibration run at sizes x2 apart (per size the median of {ROUNDS}",
-        "interleaved rounds' means, at least 0.3 s of all-reduces in all), times the run's measured / fitted",
+        "interleaved rounds' means, at least 0.3 s of all-reduces in all; a size slower than "
+        f"{ROUND_MAX_S * 1e3:g} ms has its {3 if args.quick else args.reps} repetitions spread over the rounds), times the run's measured / fitted",
         f"ratio at the sizes from {RESIDUAL_FROM_KNEE:g}x the knee up that take {RESIDUAL_MIN_US / 1e3:g} ms or more,"
         " interpolated in log size between them",
         "(`residual_ratios`; below that the form alone). With several launches (the realtime runs) the",
@@ -102,7 +105,8 @@ def main() -> int:
         "each such size's median over all its launches, and in the fit run every floor size below the knee window",
         "gets its measured ratio as well (`residual_ratios(measured_floor=True)`). The floor launches also measure the",
         "sizes a third and two thirds across the two steepest steps among the fit run's knee sizes (`step_sizes`:",
-        "a rise of at least 4 % beyond the line's between neighbours), which count as knee sizes.",
+        f"a rise of at least 4 % beyond the line's between neighbours), which count as knee sizes, in {STEP_LEVELS} turns:",
+        "before each turn the steepest steps among the sizes measured so far are split again.",
         "",
     ]
     scheds = ("default", "realtime") if args.sched == "both" else (args.sched,)
@@ -168,10 +172,12 @@ def main() -> int:
             worst_form_all[sched] = max(worst_form_all[sched], worst_form[sched])
         lines += ["", "Worst |error| on this link: " + ", ".join(f"{k} {v:.1f}%" for k, v in worst.items())
                   + " (form alone: " + ", ".join(f"{k} {v:.1f}%" for k, v in worst_form.items()) + ").", ""]
+    # where this run's calibrations are kept: --raw, else (a full run that writes the docs) beside the section
+    raw_path = args.raw if args.raw else "none kept" if args.no_write else "docs/benchmarks/cluster_collectives.json"
     lines += ["**Worst |error| over all links and sizes: "
               + ", ".join(f"{k} {v:.1f}%" for k, v in worst_all.items()) + "** (target: 5 %); the fitted form "
               "alone: " + ", ".join(f"{k} {v:.1f}%" for k, v in worst_form_all.items()) + ".",
-              f"Wall time {time.monotonic() - t0:.0f} s. Raw: `docs/benchmarks/cluster_collectives.json` (every calibration,"
+              f"Wall time {time.monotonic() - t0:.0f} s. Raw: `{raw_path}` (every calibration,"
               " `trainsim.cluster.calibrate.Calibration.to_json`)."]  # fmt: skip
     if args.raw:
         args.raw.write_text(json.dumps(raw, indent=1) + "\n")
