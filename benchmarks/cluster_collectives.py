@@ -30,6 +30,7 @@ LINKS = ((1000.0, 0.0, 256 << 20), (100.0, 0.0, 64 << 20), (100.0, 5.0, 64 << 20
 QUICK_LINKS = ((200.0, 0.0, 4 << 20),)
 LAUNCHES = 10  # realtime runs: sizes up to 256 KiB measured in this many launches, the median kept
 FLOOR_LAUNCHES = 20  # ... and the sizes under 1 ms (the latency floor) in this many launches more
+BIG_LAUNCHES = 2  # ... and the sizes above 256 KiB in this many launches more, spread among those
 SMALL_BUDGET_S = 1.0  # in each launch after the first: all-reduce time per size (ROUNDS_PER_S rounds a second)
 
 
@@ -106,7 +107,9 @@ def main() -> int:
         "gets its measured ratio as well (`residual_ratios(measured_floor=True)`). The floor launches also measure the",
         "sizes a third and two thirds across the two steepest steps among the fit run's knee sizes (`step_sizes`:",
         f"a rise of at least 4 % beyond the line's between neighbours), which count as knee sizes, in {STEP_LEVELS} turns:",
-        "before each turn the steepest steps among the sizes measured so far are split again.",
+        "before each turn the steepest steps among the sizes measured so far are split again. The sizes above 256 KiB",
+        f"are measured in {BIG_LAUNCHES} launches more, spread among the further launches (`--big-launches`), each",
+        f"such size's median over its {BIG_LAUNCHES + 1} launches: one launch of them can catch a slow stretch of the host.",
         "",
     ]
     scheds = ("default", "realtime") if args.sched == "both" else (args.sched,)
@@ -131,6 +134,7 @@ def main() -> int:
                                                    reps=reps, net=net, realtime=rt, pin=rt,
                                                    launches=LAUNCHES if rt else 1,
                                                    floor_launches=FLOOR_LAUNCHES if rt else 0,
+                                                   big_launches=BIG_LAUNCHES if rt else 0,
                                                    small_budget_s=SMALL_BUDGET_S, knee=[True, False])  # fmt: skip
                 for note in fit.notes + check.notes:
                     print(f"note: {note}", file=sys.stderr)

@@ -260,6 +260,8 @@ def test_calibrate_interleaved_checks_its_input() -> None:
         calibrate_interleaved([[1024]], launches=2, small_rounds=0)
     with pytest.raises(UserError, match="floor_launches=-1"):
         calibrate_interleaved([[1024]], floor_launches=-1)
+    with pytest.raises(UserError, match="big_launches=-1"):
+        calibrate_interleaved([[1024]], big_launches=-1)
     assert default_sizes(8192, factor=2) == [1024, 2048, 4096, 8192] and default_sizes(8192) == [1024, 4096]
 
 
@@ -392,6 +394,15 @@ def test_round_plan_spreads_slow_sizes_over_the_rounds() -> None:
     assert round_plan([slow], reps=7, n_rounds=5) == [[2], [2], [2], [1], [0]]
 
 
+def test_spread_places_the_launches_evenly_among_the_rounds() -> None:
+    from trainsim.cluster.calibrate import _spread
+
+    assert _spread(2, 9) == [3, 6]
+    assert _spread(1, 9) == [4] and _spread(3, 3) == [1, 2, 2]
+    assert _spread(2, 0) == [0, 0]  # no further launches: right after the first ones
+    assert _spread(0, 9) == []
+
+
 def test_level_counts() -> None:
     from trainsim.cluster.calibrate import _level_counts
 
@@ -433,8 +444,11 @@ def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     # two calibrations whose launches take turns, each with its own sizes and fit
     # (real-time class, pinned: on loopback the kilobyte sizes then take 0.1-0.3 ms, under FLOOR_MAX_US)
     fit, check = calibrate_interleaved([[1024, 4096, 1 << 20], [2048, 8192]], world=2, reps=2, budget_s=0.05,
-                                       launches=2, floor_launches=2, realtime=True, pin=True)  # fmt: skip
+                                       launches=2, floor_launches=2, big_launches=1, realtime=True,
+                                       pin=True)  # fmt: skip
     assert fit.sizes_bytes == [1024, 4096, 1 << 20] and check.sizes_bytes == [2048, 8192]
+    # a launch more of the size above LAUNCH_MAX_BYTES (the check has none, so no launch)
+    assert (fit.big_launches, check.big_launches) == (1, 0)
     # the floor launches of the sizes under FLOOR_MAX_US
     assert fit.floor_launches == check.floor_launches == 2
     assert all(t > 0 for t in fit.measured_us + check.measured_us) and fit.predict_us(2048) > 0

@@ -45,12 +45,14 @@ def _parse_bytes(text: str) -> int:
 @click.option("--floor-launches", type=int, default=0, show_default=True,
               help="that many launches more of the sizes under 1 ms (the latency floor), each size's median over all; "
                    "with --launches, also of sizes that split the steepest steps around the knee")
+@click.option("--big-launches", type=int, default=0, show_default=True,
+              help="that many launches more of the sizes above 256 KiB, spread among the --launches; each size's median over all")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write the calibration JSON here")
 @click.option("--force", is_flag=True, help="overwrite an existing --out file")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def calibrate(
     world: int, rate: float | None, delay: float, min_bytes: str, max_bytes: str, reps: int, realtime: bool,
-    pin: bool, launches: int, launch_seconds: float | None, floor_launches: int, out: str | None, force: bool,
+    pin: bool, launches: int, launch_seconds: float | None, floor_launches: int, big_launches: int, out: str | None, force: bool,
     as_json: bool,
 ) -> None:
     """Measure gloo all-reduce latency/bandwidth with torch.distributed and fit the model's constants."""
@@ -70,7 +72,7 @@ def calibrate(
     with Console(stderr=True).status("measuring all-reduce times ..."):
         cal = run(world=world, rate_mbit=rate, delay_ms=delay, min_bytes=lo, max_bytes=hi, reps=reps,
                   realtime=realtime, pin=pin, launches=launches, small_budget_s=launch_seconds,
-                  floor_launches=floor_launches)
+                  floor_launches=floor_launches, big_launches=big_launches)
     data = cal.to_json()
     if out:
         Path(out).write_text(json.dumps(data, indent=1))

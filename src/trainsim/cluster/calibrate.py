@@ -29,7 +29,9 @@ Algorithm:
    ``floor_launches``, further launches of the sizes on the latency floor (under ``FLOOR_MAX_US``)
    make their medians steady enough to keep as measured too; they also measure sizes inside the
    steepest steps among the knee sizes, in turns that narrow each step's gap (``step_sizes``,
-   ``STEP_LEVELS``).
+   ``STEP_LEVELS``); with ``big_launches``, further launches of the sizes above ``LAUNCH_MAX_BYTES``,
+   spread among the others, so that the large sizes' ratios are medians over launches minutes
+   apart too (a shaped link's rate drifts by ~5 % with the host's load from one minute to the next).
 
 With ``p2p_sizes`` it also times point-to-point sends (one way and both ways at once), the
 parameter-server primitives, and the wall time of *posting* a send or a receive between pauses and
@@ -56,6 +58,8 @@ import numpy as np
 
 from trainsim.cluster.catalog import Link
 from trainsim.errors import UserError
+
+Launched = tuple[list[int], list[str]]  # a launch of some sizes: those sizes, and its ranks' outputs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,6 +136,9 @@ class Calibration:
     step_sizes_bytes: list[int] = field(default_factory=list)
     """sizes that split the steepest steps among the knee sizes (``step_sizes``), measured in the
     floor launches (also in ``knee_sizes_bytes``, with their medians in ``knee_measured_us``)"""
+    big_launches: int = 0
+    """launches, beyond ``launches``, that measured only the sizes above ``LAUNCH_MAX_BYTES``; with
+    any, those sizes' times are medians over the first launch and these"""
 
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
@@ -612,6 +619,7 @@ def calibrate(
     small_budget_s: float | None = None,
     small_rounds: int | None = None,
     floor_launches: int = 0,
+    big_launches: int = 0,
 ) -> Calibration:
     """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
     ``allgather_sizes``: per-rank sizes at which to time the hook's all-gather too
@@ -625,12 +633,13 @@ def calibrate(
     the sub-millisecond times from one launch to the next; the other measurements come from the
     first launch); ``small_budget_s``, ``small_rounds``: all-reduce time per size and rounds in each of
     those further launches (``calibrate_interleaved``); ``floor_launches``: that many launches more of
-    the sizes on the latency floor only (their first launch under ``FLOOR_MAX_US``)."""
+    the sizes on the latency floor only (their first launch under ``FLOOR_MAX_US``); ``big_launches``:
+    that many launches more of the sizes above ``LAUNCH_MAX_BYTES``, spread among the further launches."""
     return calibrate_interleaved(
         [sizes or default_sizes(max_bytes, min_bytes)], world=world, rate_mbit=rate_mbit, delay_ms=delay_ms,
         reps=reps, budget_s=budget_s, timeout_s=timeout_s, net=net, allgather_sizes=allgather_sizes,
         p2p_sizes=p2p_sizes, realtime=realtime, pin=pin, launches=launches, small_budget_s=small_budget_s,
-        small_rounds=small_rounds, floor_launches=floor_launches,
+        small_rounds=small_rounds, floor_launches=floor_launches, big_launches=big_launches,
     )[0]  # fmt: skip
 
 
@@ -653,6 +662,7 @@ def calibrate_interleaved(
     small_rounds: int | None = None,
     knee: Sequence[bool] | None = None,
     floor_launches: int = 0,
+    big_launches: int = 0,
 ) -> list[Calibration]:
     """Independent calibrations, one per list of ``size_sets`` (each its own processes, its own fit),
     whose launches take turns: each one's first launch, then the further launches of the small sizes
@@ -668,7 +678,12 @@ def calibrate_interleaved(
     checks another's model needs none). ``floor_launches``: after those, this many launches more (taking
     turns the same way) of each calibration's sizes whose first launch read under ``FLOOR_MAX_US``: the
     latency floor, where a launch's level (+-7 %) is most of the noise of a median, and a launch of a
-    few such sizes costs seconds. Other arguments as ``calibrate``."""
+    few such sizes costs seconds. ``big_launches``: this many launches more (taking turns the same way)
+    of each calibration's sizes above ``LAUNCH_MAX_BYTES``, spread evenly among the further launches
+    (``_spread``), so that the fit's and the check's large sizes are each the median of launches
+    minutes apart: one launch of them may catch a slow stretch of the host (1 Gbit/s, 2026-11-27
+    05:40: a 181 MiB check read 9.50 ms/MiB, the other large sizes 9.02-9.08). Other arguments as
+    ``calibrate``."""
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
@@ -682,8 +697,8 @@ def calibrate_interleaved(
         raise UserError(f"calibrate: budget_s={budget_s}; expected >= 0 seconds")
     if launches < 1:
         raise UserError(f"calibrate: launches={launches}; expected >= 1")
-    if floor_launches < 0:
-        raise UserError(f"calibrate: floor_launches={floor_launches}; expected >= 0")
+    if floor_launches < 0 or big_launches < 0:
+        raise UserError(f"calibrate: floor_launches={floor_launches}, big_launches={big_launches}; expected >= 0")
     if knee is not None and len(knee) != len(size_sets):
         raise UserError(f"calibrate: knee={list(knee)} for {len(size_sets)} size sets; expected one flag per set")
     if (small_rounds is not None and small_rounds < 1) or (small_budget_s is not None and small_budget_s < 0):
@@ -710,9 +725,9 @@ def calibrate_interleaved(
         runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), "1", str(small_budget), "-",
                                                  "-", mode, str(small_rounds)]))  # fmt: skip
 
-    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[tuple[list[int], list[str]]]]]:
-        """Per calibration: its first launch, its further launches and its floor launches (each with
-        its sizes: the floor sizes and the step sizes found so far)."""
+    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[Launched], list[Launched]]]:
+        """Per calibration: its first launch, its further launches, its floor launches (each with
+        its sizes: the floor sizes and the step sizes found so far) and its launches of the large sizes."""
         firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
         meds = [_launch_means(f) for f in firsts]
         window: list[tuple[float, float, float] | None] = [None for _ in runs]  # (lo, hi, b) around the knee
@@ -732,7 +747,17 @@ def calibrate_interleaved(
                     small = sorted(small + extra)
                     runs[i] = (sizes, args, small, [*small_args[:3], ",".join(map(str, small)), *small_args[4:]])
         more: list[list[list[str]]] = [[] for _ in runs]
-        for _ in range(launches - 1):
+        big_more: list[list[Launched]] = [[] for _ in runs]
+        big_at = _spread(big_launches, launches - 1)
+        for r in range(launches):
+            for _ in range(big_at.count(r)):  # the launches of the sizes above LAUNCH_MAX_BYTES due here
+                for i, (sizes, args, _, _) in enumerate(runs):
+                    big = [x for x in sizes if x > LAUNCH_MAX_BYTES]
+                    if big:
+                        ba = [*args[:3], ",".join(map(str, big)), *args[4:6], "-", "-", mode]
+                        big_more[i].append((big, launch(world, ba, net=n, timeout_s=timeout_s)))
+            if r == launches - 1:
+                break
             for i, (_, _, small, small_args) in enumerate(runs):
                 if small:
                     more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
@@ -741,7 +766,7 @@ def calibrate_interleaved(
         # per calibration, each floor launch as (its sizes, its output): the floor launches come in
         # ``STEP_LEVELS`` turns, and before each turn the steepest steps among the knee sizes measured so
         # far are split again (``step_sizes``), so that each turn narrows the gap that holds a step
-        floor_more: list[list[tuple[list[int], list[str]]]] = [[] for _ in runs]
+        floor_more: list[list[Launched]] = [[] for _ in runs]
         for count in _level_counts(floor_launches, STEP_LEVELS):
             for i, ((sizes, _, small, _), med, win) in enumerate(zip(runs, meds, window, strict=True)):
                 if win is not None and more[i]:
@@ -754,7 +779,7 @@ def calibrate_interleaved(
                     if fl:
                         fa = [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]
                         floor_more[i].append((list(fl), launch(world, fa, net=n, timeout_s=timeout_s)))
-        return list(zip(firsts, more, floor_more, strict=True))
+        return list(zip(firsts, more, floor_more, big_more, strict=True))
 
     notes: list[str] = []
     if isinstance(net, Netns):
@@ -777,19 +802,21 @@ def calibrate_interleaved(
     return [
         _built(sizes, small, first, more, world=world, rate_mbit=rate_mbit, delay_ms=delay_ms, where=where,
                notes=list(notes), ag_sizes=ag_sizes, pp_sizes=pp_sizes, realtime=realtime, pin=pin,
-               floor_runs=fm)
-        for (sizes, _, small, _), (first, more, fm) in zip(runs, outs, strict=True)
+               floor_runs=fm, big_runs=bm)
+        for (sizes, _, small, _), (first, more, fm, bm) in zip(runs, outs, strict=True)
     ]  # fmt: skip
 
 
 def _built(
     sizes: list[int], small: list[int], first: list[str], more: list[list[str]], *, world: int,
     rate_mbit: float | None, delay_ms: float, where: str, notes: list[str], ag_sizes: list[int],
-    pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: Sequence[tuple[list[int], list[str]]] = (),
+    pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: Sequence[Launched] = (),
+    big_runs: Sequence[Launched] = (),
 ) -> Calibration:  # fmt: skip
     """One ``Calibration`` from its workers' outputs: the first launch ``first``, the further
-    launches ``more`` of the ``small`` sizes and ``floor_runs``: the floor launches, each as (its sizes,
-    its output), whose sizes not among ``sizes`` are the ``step_sizes``."""
+    launches ``more`` of the ``small`` sizes, ``floor_runs``: the floor launches, each as (its sizes,
+    its output), whose sizes not among ``sizes`` are the ``step_sizes``, and ``big_runs``: the launches
+    of the sizes above ``LAUNCH_MAX_BYTES``, the same way."""
     data = json.loads(first[0].strip().splitlines()[-1])
     if pin and not data.get("pinned"):
         notes.append(f"pinning the ranks to cores refused ({data.get('pin_error')}): threads were not pinned")
@@ -799,8 +826,8 @@ def _built(
     knee_s: list[int] = []
     knee_t: list[float] = []
     fl_sizes = sorted({x for fl, _ in floor_runs for x in fl})
-    if more or floor_runs:  # per size up to LAUNCH_MAX_BYTES: the median over the launches
-        by_size = _launch_times([], [], small, more, floor_runs)
+    if more or floor_runs or big_runs:  # per size measured again: the median over the launches
+        by_size = _launch_times([], [], small, more, [*floor_runs, *big_runs])
         med = [float(statistics.median([m, *by_size[s]])) if s in by_size else m
                for s, m in zip(sizes, med, strict=True)]  # fmt: skip
         # ``knee_sizes``, measured in the further launches only, and ``step_sizes``, in the floor launches only
@@ -828,12 +855,13 @@ def _built(
         post_idle_us=[i for i, _ in posts], post_busy_us=[b for _, b in posts],
         residual_sizes_bytes=res_sizes, residual_ratio=res_ratio, knee_sizes_bytes=knee_s,
         knee_measured_us=knee_t, floor_launches=len(floor_runs), step_sizes_bytes=sorted(s for s in fl_sizes if s not in sizes),
+        big_launches=len(big_runs),
     )  # fmt: skip
 
 
 def _launch_times(
     sizes: list[int], first_med: list[float], small: list[int], more: list[list[str]],
-    floor_runs: Sequence[tuple[list[int], list[str]]] = (),
+    floor_runs: Sequence[Launched] = (),
 ) -> dict[int, list[float]]:  # fmt: skip
     """Per size: the first launch's time (``sizes``, ``first_med``) where it measured it, then each
     further launch's (``more``, of the ``small`` sizes) and each floor launch's (``floor_runs``: its
@@ -843,6 +871,12 @@ def _launch_times(
         for s, m in zip(which, _launch_means(o), strict=True):
             by_size.setdefault(s, []).append(m)
     return by_size
+
+
+def _spread(n: int, rounds: int) -> list[int]:
+    """Before which of ``rounds`` rounds (0 .. ``rounds``; ``rounds``: after the last) each of ``n``
+    launches goes, as evenly spaced among them as whole rounds allow."""
+    return [round((j + 1) * rounds / (n + 1)) for j in range(n)]
 
 
 def _level_counts(n: int, levels: int) -> list[int]:
