@@ -1,6 +1,6 @@
 """Calibrated all-reduce model vs measurement on shaped links, 1 KiB .. 256 MiB.
 
-    python benchmarks/cluster_collectives.py           # 3 links, ~65 min
+    python benchmarks/cluster_collectives.py           # 3 links, both schedulers, ~2 h (realtime alone ~90 min)
     python benchmarks/cluster_collectives.py --quick   # 1 link, up to 4 MiB, ~5 min
     python benchmarks/cluster_collectives.py --link 100/5 --sched realtime   # one link, printed, not written
 
