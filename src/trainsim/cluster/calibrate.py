@@ -748,13 +748,14 @@ def calibrate_interleaved(
                     runs[i] = (sizes, args, small, [*small_args[:3], ",".join(map(str, small)), *small_args[4:]])
         more: list[list[list[str]]] = [[] for _ in runs]
         big_more: list[list[Launched]] = [[] for _ in runs]
+        bigs = [[x for x in sizes if x > LAUNCH_MAX_BYTES] for sizes, _, _, _ in runs]
+        big_args = [[*args[:3], ",".join(map(str, big)), *args[4:6], "-", "-", mode]
+                    for big, (_, args, _, _) in zip(bigs, runs, strict=True)]  # fmt: skip
         big_at = _spread(big_launches, launches - 1)
         for r in range(launches):
             for _ in range(big_at.count(r)):  # the launches of the sizes above LAUNCH_MAX_BYTES due here
-                for i, (sizes, args, _, _) in enumerate(runs):
-                    big = [x for x in sizes if x > LAUNCH_MAX_BYTES]
+                for i, (big, ba) in enumerate(zip(bigs, big_args, strict=True)):
                     if big:
-                        ba = [*args[:3], ",".join(map(str, big)), *args[4:6], "-", "-", mode]
                         big_more[i].append((big, launch(world, ba, net=n, timeout_s=timeout_s)))
             if r == launches - 1:
                 break
@@ -864,8 +865,8 @@ def _launch_times(
     floor_runs: Sequence[Launched] = (),
 ) -> dict[int, list[float]]:  # fmt: skip
     """Per size: the first launch's time (``sizes``, ``first_med``) where it measured it, then each
-    further launch's (``more``, of the ``small`` sizes) and each floor launch's (``floor_runs``: its
-    sizes and its output)."""
+    further launch's (``more``, of the ``small`` sizes) and each launch of ``floor_runs`` (its sizes and
+    its output: the floor launches, and in ``_built`` the big launches too)."""
     by_size: dict[int, list[float]] = {s: [m] for s, m in zip(sizes, first_med, strict=True)}
     for which, o in [*((small, o) for o in more), *floor_runs]:
         for s, m in zip(which, _launch_means(o), strict=True):
