@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compress_convergence import OUT_MD, write_section
-from trainsim.validate.compress import FULL, QUICK, run_harness, summary
+from trainsim.validate.compress import FULL, MAX_STEP_FACTOR, MEASURE_S, QUICK, run_harness, summary
 
 
 def main() -> int:
@@ -49,7 +49,9 @@ def main() -> int:
         f"Machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
         f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.perf_counter() - t0:.0f} s.  ",
         "Model mlp (zoo, ~2.4M parameters), 2 gloo processes with one thread each, batch 32, median of 20 steps "
-        "(a third of them where a step takes over a second) after 2 warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
+        "(a third of them where a step takes over a second; more where 20 would take under "
+        f"{MEASURE_S:g} s, as many as fill it, at most {MAX_STEP_FACTOR * 20}: "
+        "`validate.compress.measured_steps`) after 2 warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
         f"-> simulator. Each configuration is predicted and run once per pass ({passes} passes, every "
         "configuration of a link once per pass, the co-run factor read during each run, its measured steps "
         "interleaved with the plain loop); the table "

@@ -142,10 +142,16 @@ def test_casync_cost_by_hand() -> None:
     from trainsim.transform.compression import casync_us
 
     # PS, N=2, K=2, m=2^20: partitions of 2^19 elements, wire 2^16 bytes at 65.544 B/us -> 999.9 us
-    # per gather and per bcast (busiest owner owns 1 partition, N-1 = 1 wire); compute: 2 enc + (2 dec + 1 enc)
-    # + 2 dec = 3 * 10 + 4 * 5 = 50 us
+    # per gather and per bcast phase (busiest owner owns 1 partition, N-1 = 1 wire), 500 us per
+    # partition; enc 10, dec 5 per partition. The pipeline: encodes end at 10 and 20, gathers 10-510 and
+    # 510-1010; partition 0 summed by its owner 510-530 (2 dec + enc), partition 1 by the other
+    # 1010-1030; broadcasts 1010-1510 and 1510-2010; decodes end at 1515 and 2015
+    t = (1 << 16) / 65.544 / 2
     us = casync_us(MiB, 2, 2, _cost(), LINK, "ps")
-    assert us == pytest.approx(2 * (1 << 16) / 65.544 + 50.0)
+    assert us == pytest.approx(10 + 4 * t + 5)
+    assert us < 4 * t + 50.0  # the serial sum of the codec work (50 us) and the two phases
+    # one partition: nothing to overlap, the serial sum (enc, gather of 2^17 bytes, 2 dec + enc, bcast, dec)
+    assert casync_us(MiB, 1, 2, _cost(), LINK, "ps") == pytest.approx(10 + 4 * t + 20 + 4 * t + 5)
     with pytest.raises(UserError):
         casync_us(MiB, 1, 2, _cost(), LINK, "tree")
 
@@ -153,21 +159,40 @@ def test_casync_cost_by_hand() -> None:
 def test_ps_partitions_pay_the_duplex_factor() -> None:
     """N = 2: with one partition the owner only receives (gather) and only sends (broadcast); with two,
     each rank sends and receives at once in both phases, at ``duplex`` times the one-way cost."""
-    from trainsim.transform.compression import casync_parts
+    from trainsim.transform.compression import casync_parts, ps_phases_us, ps_pipeline_us
 
     line = (100.0, 0.01)  # us, us per byte
-    _, one = casync_parts(MiB, 1, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7)
-    _, two = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7)
+    one = sum(ps_phases_us(MiB, 1, 2, _cost(), lines=(line, line), duplex=1.7))
+    two = sum(ps_phases_us(MiB, 2, 2, _cost(), lines=(line, line), duplex=1.7))
     wire = _cost().wire_bytes(MiB)
     half = _cost().wire_bytes(MiB // 2)
     assert one == pytest.approx(2 * (wire * 0.01 + 100.0))
     assert two == pytest.approx(2 * (half * 0.01 * 1.7 + 2 * 100.0))
-    _, full_duplex = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.0)
+    full_duplex = sum(ps_phases_us(MiB, 2, 2, _cost(), lines=(line, line), duplex=1.0))
     assert full_duplex < two < one
+    # casync_parts: the codec, and what the pipeline of the partitions adds beyond it
+    comp, xfer = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7)
+    assert comp == pytest.approx(50.0)
+    assert comp + xfer == pytest.approx(ps_pipeline_us(2, 2, 10.0, 5.0, two / 2, two / 2))
     # measured gather and broadcast lines replace the point-to-point line in their phases
     lines = ((200.0, 0.012), (150.0, 0.011))
-    _, meas = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7, ps_lines=lines)
-    assert meas == pytest.approx(half * 0.012 * 1.7 + 2 * 200.0 + half * 0.011 * 1.7 + 2 * 150.0)
+    g, b = ps_phases_us(MiB, 2, 2, _cost(), lines=lines, duplex=1.7)
+    assert (g, b) == pytest.approx((half * 0.012 * 1.7 + 2 * 200.0, half * 0.011 * 1.7 + 2 * 150.0))
+    comp, xfer = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, duplex=1.7, ps_lines=lines)
+    assert comp + xfer == pytest.approx(ps_pipeline_us(2, 2, 10.0, 5.0, g, b))
+
+
+def test_ps_pipeline_hides_the_codec_behind_the_other_partitions() -> None:
+    """``ps_pipeline_us`` by hand, N = 2, K = 4, enc 10, dec 5 (owner's sum 2 dec + enc = 20), 100 us per
+    partition per phase: encodes end at 10, 20, 30, 40; gathers 10-110, 110-210, 210-310, 310-410;
+    owned partitions 0 and 2 summed 110-130 and 310-330, the others' 0 and 2 ready at 230 and 430;
+    broadcasts 410-510, 510-610, 610-710, 710-810; decodes end at 515, 615, 715, 815."""
+    from trainsim.transform.compression import ps_pipeline_us
+
+    assert ps_pipeline_us(4, 2, 10.0, 5.0, 400.0, 400.0) == pytest.approx(815.0)
+    # one partition: the serial sum; slow codec, fast network: the codec bounds it
+    assert ps_pipeline_us(1, 2, 10.0, 5.0, 400.0, 400.0) == pytest.approx(10 + 400 + 20 + 400 + 5)
+    assert ps_pipeline_us(4, 2, 1000.0, 5.0, 4.0, 4.0) >= 4 * 1000.0 + 2 * 1010.0
 
 
 def test_codec_time_per_step_by_hand() -> None:

@@ -23,7 +23,8 @@ PowerSGD: P = MQ on the main thread, a blocking all-reduce of [P, uncompressed],
 all-reduce of Q and the P Q^T decode. The PS and ring schemes (``scheme="ps" | "ring"``) run inside the
 hook and block the main thread: per bucket, half the codec work of ``casync_parts`` on the main thread,
 the transfers on the communication channel (so they queue behind the bucket's uncompressed all-reduce,
-which shares the link), then the other half of the codec work.
+which shares the link; for PS the part of them that its partition pipeline does not hide behind the
+codec), then the other half of the codec work.
 """
 
 from __future__ import annotations
@@ -422,22 +423,23 @@ def casync_parts(
     in a PS phase with K >= 2 partitions each rank owns some and sends the others', and every ring hop.
     ``ps_lines``: the measured lines of the PS scheme's own primitives, gather and broadcast
     (``Calibration.ps_lines``), used for its two phases instead of ``p2p``.
+
+    PS runs its K partitions as a pipeline (``casync.ps_sync``: every gather issued as its partition is
+    encoded, each broadcast as its partition is summed), so its codec work overlaps the transfers of
+    the other partitions: ``transfer_us`` is then what the pipeline (``ps_pipeline_us``) takes beyond
+    ``compute_us``, less than the network's busy time (``ps_phases_us``) for K >= 2.
     """
     k = max(1, min(parts, numel))
     n = world
     latency, per_byte = p2p if p2p is not None else (link.latency_us, 1.0 / link.bytes_per_us)
     if scheme == "ps":
-        part = numel / k
-        wire = cost.wire_bytes(max(1, int(part)))
+        part = int(numel / k)
+        enc, dec = cost.enc_us(part), cost.dec_us(part)
         owned = -(-k // n)  # partitions of the busiest owner
-        # per phase the busiest owner takes (N-1) wires per partition it owns and sends one wire for
-        # each partition it does not own (gather); the broadcast is the same the other way
-        inbound, outbound = owned * (n - 1) * wire, (k - owned) * wire
-        both = duplex if inbound > 0 and outbound > 0 else 1.0
-        lines = ps_lines or ((latency, per_byte), (latency, per_byte))
-        phases = sum(max(inbound, outbound) * b * both + k * a for a, b in lines)  # gather, then broadcast
-        compute = k * cost.enc_us(int(part)) + owned * (n * cost.dec_us(int(part)) + cost.enc_us(int(part)))
-        return compute + k * cost.dec_us(int(part)), phases
+        compute = k * enc + owned * (n * dec + enc) + k * dec
+        gather, bcast = ps_phases_us(numel, k, n, cost, lines=ps_lines or ((latency, per_byte), (latency, per_byte)),
+                                     duplex=duplex)  # fmt: skip
+        return compute, ps_pipeline_us(k, n, enc, dec, gather, bcast) - compute
     if scheme == "ring":
         chunk = max(1, -(-numel // (k * n)))
         wire = cost.wire_bytes(chunk)
@@ -446,6 +448,52 @@ def casync_parts(
         compute = (n - 1) * hop_compute + k * cost.enc_us(chunk) + k * n * cost.dec_us(chunk)
         return compute, (n - 1) * hop_transfer + allgather_us(n * wire * k, n, link)
     raise UserError(f"casync: unknown scheme {scheme!r}; expected ps or ring")
+
+
+def ps_phases_us(
+    numel: int, parts: int, world: int, cost: CodecCost, *, lines: tuple[tuple[float, float], tuple[float, float]],
+    duplex: float = 1.0,
+) -> tuple[float, float]:  # fmt: skip
+    """Network time (us) of the PS scheme's gather and broadcast phases on the busiest owner: per phase
+    it takes (N-1) wires per partition it owns and sends one wire for each partition it does not own,
+    ``max(in, out) * us_per_byte * duplex`` (duplex while both directions are in use) plus a latency
+    per partition; ``lines``: ``(latency_us, us_per_byte)`` of a gather and of a broadcast."""
+    k, n = max(1, min(parts, numel)), world
+    wire = cost.wire_bytes(max(1, int(numel / k)))
+    owned = -(-k // n)
+    inbound, outbound = owned * (n - 1) * wire, (k - owned) * wire
+    both = duplex if inbound > 0 and outbound > 0 else 1.0
+    gather, bcast = (max(inbound, outbound) * b * both + k * a for a, b in lines)
+    return gather, bcast
+
+
+def ps_pipeline_us(parts: int, world: int, enc_us: float, dec_us: float, gather_us: float, bcast_us: float) -> float:
+    """Span (us) of ``casync.ps_sync`` on one gradient of ``parts`` partitions on the busiest owner
+    (which owns partitions 0, N, 2N ...), its codec on the rank's one thread and the transfers in
+    issue order on the network, each partition's transfer ``1/parts`` of its phase's time: encode every
+    partition, each gather issued as its encode ends; for each partition in turn, wait for its gather,
+    and if owned decode N parts and re-encode (``N dec + enc``; a partition of the other owners is
+    summed by them at the same time) before its broadcast is issued; then wait for each broadcast and
+    decode it. One partition: the serial sum of the five."""
+    k = max(1, parts)
+    t_g, t_b, serve = gather_us / k, bcast_us / k, world * dec_us + enc_us
+    cpu = net = 0.0
+    gathered = []
+    for _ in range(k):
+        cpu += enc_us
+        net = max(cpu, net) + t_g
+        gathered.append(net)
+    ready = []
+    for p in range(k):
+        if p % world == 0:
+            cpu = max(cpu, gathered[p]) + serve
+            ready.append(cpu)
+        else:
+            ready.append(gathered[p] + serve)
+    for p in range(k):
+        net = max(net, ready[p]) + t_b
+        cpu = max(cpu, net) + dec_us
+    return cpu
 
 
 def _secopa_constants(cost: CodecCost, link: Link, world: int) -> Any:
