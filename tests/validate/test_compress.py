@@ -48,7 +48,7 @@ def test_run_sets() -> None:
 def test_fast_runs_measure_more_steps_and_slow_runs_fewer() -> None:
     assert measured_steps(20, 4300.0) == 6 and measured_steps(6, 4300.0) == 3  # seconds per step: a third
     assert measured_steps(20, 260.0) == 20  # 5.2 s already
-    n = measured_steps(20, 50.0)  # 1 s at 20 steps: enough for MEASURE_S
+    n = measured_steps(20, 50.0)  # 20 steps would take 1 s: as many as fill MEASURE_S
     assert n == 60 and n * 50.0 >= MEASURE_S * 1e3
     assert measured_steps(20, 5.0) == 80  # at most 4x what was asked for
     assert measured_steps(12, 999.0) == 12
