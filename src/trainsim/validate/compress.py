@@ -349,7 +349,7 @@ def run_harness(
     "--algorithm", "algorithms", multiple=True, help="algorithm(s) for a custom set ('none' = plain DDP)"
 )
 @click.option("--model", default="mlp", show_default=True, help="zoo model")
-@click.option("--steps", type=int, default=12, show_default=True, help="measured steps per run: a third of them where a step takes over a second, more (up to 4x) where they would take under 3 s")
+@click.option("--steps", type=int, default=12, show_default=True, help=f"measured steps per run: a third of them where a step takes over a second, more (up to {MAX_STEP_FACTOR}x) where they would take under {MEASURE_S:g} s")
 @click.option("--warmup", type=int, default=2, show_default=True, help="warm-up steps per run")
 @click.option("--passes", type=int, default=1, show_default=True,
               help="runs per configuration, all configurations once per pass; the medians are reported")
