@@ -64,6 +64,24 @@ def test_allgather_timeline_by_hand() -> None:
     assert {"encode:bucket0", "allgather:compressed0", "decode:bucket1"} <= names
 
 
+def test_hook_work_runs_inside_each_hook_before_its_transfer() -> None:
+    """``hook_us`` splits over the buckets by their compressed elements (here 20 us each) and runs on
+    the main thread before the bucket's encode, so the first transfer starts that much later."""
+    g, params, layers = _profile()
+    out = compression(g, params, layers, SHAPES, CompressConfig(algorithm="onebit", hook_us=40.0), _cost(), LINK)
+    res = simulate(out)
+    # hook b 41-61, encode b 61-71, bwd a 71-91, acc 91-92, hook a 92-112, encode a 112-122;
+    # all-gather b 71-1071, a 1071-2071; decodes b 1071-1081, a 2071-2081; optimizer 2081-2086
+    assert res.step_ms[0] * 1e3 == pytest.approx(2086.0)
+    step0 = {out.task_name(int(t)): int(t) for t in np.flatnonzero(out.step == 0)}
+    for b, (lo, hi) in enumerate(((41.0, 61.0), (92.0, 112.0))):
+        hook, enc = step0[f"hook:bucket{b}"], step0[f"encode:bucket{b}"]
+        assert (res.start_us[hook], res.end_us[hook]) == pytest.approx((lo, hi))
+        assert res.start_us[enc] == pytest.approx(hi)
+    with pytest.raises(UserError, match="hook_us"):
+        CompressConfig(algorithm="onebit", hook_us=-1.0)
+
+
 def test_summable_codec_all_reduces_once_and_decodes_once() -> None:
     g, params, layers = _profile()
     out = compression(g, params, layers, SHAPES, CompressConfig(algorithm="fp16"), _cost(summable=True), LINK)

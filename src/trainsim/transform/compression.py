@@ -64,6 +64,10 @@ class CompressConfig:
     """DDP's own host work per step (``DPConfig.host_overhead_us``); the hook's work is added apart"""
     finalize_us: float = 0.0
     """the part of ``host_overhead_us`` after the last bucket's synchronisation (``DPConfig.finalize_us``)"""
+    hook_us: float = 0.0
+    """the hook's own host work per step beyond its codec (scaling, non-finite markers, layouts): on the
+    main thread inside each hook that compresses, before its transfer, shared by the buckets in
+    proportion to their compressed elements"""
     plan: Any = None
     """a ``trainsim.compress.secopa.Plan`` (compress / partitions per gradient), or None"""
     bucket_cap_mb: float = 25.0
@@ -78,6 +82,8 @@ class CompressConfig:
             )
         if self.world < 2:
             raise UserError(f"compression what-if: world={self.world}; expected >= 2 ranks")
+        if not self.hook_us >= 0:
+            raise UserError(f"compression what-if: hook_us={self.hook_us!r}; expected >= 0")
         if not 0 <= self.finalize_us <= max(0.0, self.host_overhead_us):
             raise UserError(
                 f"compression what-if: finalize_us={self.finalize_us!r}; expected 0 to host_overhead_us "
@@ -184,6 +190,15 @@ def _compressed(name: str, shape: Sequence[int], numel: int, cfg: CompressConfig
     return yes, (decision[1] if decision is not None else 1)
 
 
+def _hooked(q: ParamInfo, shape: Sequence[int], cfg: CompressConfig, cost: CodecCost) -> tuple[bool, int]:
+    """``_compressed``, less the matrices PowerSGD sends whole (min_compression_rate 2 at rank 1)."""
+    yes, parts = _compressed(q.name, shape, q.numel, cfg)
+    if yes and cost.low_rank:
+        n_rows, n_cols = int(shape[0]), q.numel // int(shape[0])
+        yes = (n_rows + n_cols) * 2 < n_rows * n_cols
+    return yes, parts
+
+
 def codec_us_per_step(
     params: Sequence[ParamInfo], shapes: Mapping[str, Sequence[int]], cfg: CompressConfig, cost: CodecCost,
     link: Link, world: int,
@@ -247,6 +262,7 @@ def compression(
     main_res = g.resources[int(g.resource[anchors[0].first])].name
     buckets = ddp_buckets([q.size_bytes for q in params], cap_bytes=int(cfg.bucket_cap_mb * 1024 * 1024))
     rows = _Rows(cfg.channel, main_res)
+    n_comp = sum(q.numel for q in params if _hooked(q, shapes[q.name], cfg, cost)[0])
     for a in anchors:
         base = float(a.step) * 1e6
         for b, idx in enumerate(buckets):
@@ -257,13 +273,7 @@ def compression(
             plain_bytes, comp_items = 0, []
             for i in idx:
                 q = params[i]
-                yes, parts = _compressed(q.name, shapes[q.name], q.numel, cfg)
-                if yes and cost.low_rank:
-                    shape = shapes[q.name]
-                    n_rows, n_cols = int(shape[0]), q.numel // int(shape[0])
-                    yes = (
-                        n_rows + n_cols
-                    ) * 2 < n_rows * n_cols  # PowerSGD's min_compression_rate 2 at rank 1
+                yes, parts = _hooked(q, shapes[q.name], cfg, cost)
                 if yes:
                     comp_items.append((q, parts))
                 else:
@@ -274,6 +284,11 @@ def compression(
                 rows.comm(f"allreduce:bucket{b}", ar, plain_bytes, deps=ready, waits=opt_wait)
             if not comp_items:
                 continue
+            # the hook's own work before it posts (``hook_us``), this bucket's share of it
+            own = cfg.hook_us * sum(q.numel for q, _ in comp_items) / n_comp if n_comp else 0.0
+            start: dict[str, list[int]] = {"deps": ready}
+            if own > 0:
+                start = {"after": [rows.main(f"hook:bucket{b}", own, deps=ready)]}
             if cfg.scheme != "allgather":  # PS / ring: synchronous inside the hook
                 pieces = [casync_parts(q.numel, k, p, cost, link, cfg.scheme, p2p=p2p, duplex=duplex,
                                        ps_lines=ps_lines)
@@ -282,7 +297,7 @@ def compression(
                 # the codec work on the main thread, the transfers on the network (after the bucket's
                 # uncompressed all-reduce, which shares the link); the main thread is blocked until
                 # the sync is done: its next task in queue order is the second half of the codec work
-                t_a = rows.main(f"casync-{cfg.scheme}-codec:bucket{b}", comp_us / 2, deps=ready)
+                t_a = rows.main(f"casync-{cfg.scheme}-codec:bucket{b}", comp_us / 2, **start)
                 size = sum(cost.wire_bytes(q.numel) for q, _ in comp_items)
                 t_x = rows.comm(f"casync-{cfg.scheme}:bucket{b}", xfer_us, size, after=[t_a])
                 rows.main(f"casync-{cfg.scheme}-codec:bucket{b}.2", comp_us / 2, after=[t_x], waits=opt_wait)
@@ -293,7 +308,7 @@ def compression(
                 rk = int(cfg.options.get("rank", 1))
                 p_bytes = sum(4 * rk * int(shapes[q.name][0]) for q, _ in comp_items)
                 q_bytes = sum(4 * rk * (q.numel // int(shapes[q.name][0])) for q, _ in comp_items)
-                t_p = rows.main(f"powersgd-P:bucket{b}", enc / 2, deps=ready)
+                t_p = rows.main(f"powersgd-P:bucket{b}", enc / 2, **start)
                 ar1 = rows.comm(
                     f"allreduce:P:bucket{b}", ar_us(p_bytes), p_bytes, after=[t_p]
                 )
@@ -304,7 +319,7 @@ def compression(
                 rows.callback(f"decode:bucket{b}", dec, after=[ar2], waits=opt_wait)
                 continue
             wire = sum(cost.wire_bytes(q.numel) + 8 for q, _ in comp_items)  # + the hook's non-finite marker
-            t_enc = rows.main(f"encode:bucket{b}", enc, deps=ready)  # 2.
+            t_enc = rows.main(f"encode:bucket{b}", enc, **start)  # 2.
             if cost.summable:  # 3.
                 comm, n_dec, what = ar_us(wire), 1, "allreduce"
             else:

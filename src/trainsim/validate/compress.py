@@ -199,8 +199,9 @@ def _predict_ms(
         dpc = DPRun(model=c.model, rate_mbit=link[0], delay_ms=link[1])
         return predict_ms(prof, dpc, cal.predict_us, cpu_us=cal.cpu_us, slowdown=cal.slowdown,
                           concentration=float(dpc.world))  # fmt: skip
-    ccfg = dataclasses.replace(ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms + hook_ms),
-                               finalize_us=prof.finalize_us())  # fmt: skip
+    # DDP's own work (and the wait for the slowest rank) as for plain DDP; the hook's inside each hook
+    ccfg = dataclasses.replace(ccfg, host_overhead_us=prof.host_overhead_us(prof.ddp_overhead_ms),
+                               finalize_us=prof.finalize_us(), hook_us=1e3 * hook_ms * prof.host_factor)  # fmt: skip
     p2p_us, p2p_us_per_byte = cal.p2p_line()
     g2 = compression(
         prof.graph, prof.params, prof.layers, shapes, ccfg, costs[json.dumps([c.algorithm, c.options], sort_keys=True)],
@@ -477,12 +478,12 @@ def worker(cfg: dict[str, Any]) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     warmup, steps = int(cfg["warmup"]), int(cfg["steps"])
-    diag: dict[str, list[Any]] = {"cpu_ms": [], "main_thread_cpu_ms": [], "backward_ms": []}
+    diag: dict[str, list[Any]] = {"cpu_ms": [], "main_thread_cpu_ms": [], "backward_ms": [], "forward_ms": []}
 
     def segment(w: int, n: int, first: int) -> list[float]:
         """``w + n + 1`` steps numbered from ``first``; their starts (the last ``n`` steps' host figures
         go to ``diag``)."""
-        starts, cpu, main_cpu, bwd = [], [], [], []
+        starts, cpu, main_cpu, bwd, fwd = [], [], [], [], []
         for step in range(first, first + w + n + 1):
             if trace is not None and step == first + w:
                 trace.clear()
@@ -491,14 +492,17 @@ def worker(cfg: dict[str, Any]) -> None:
             main_cpu.append(time.thread_time())
             x, y = batch(step * 1000 + rank)
             opt.zero_grad(set_to_none=True)
+            tf = time.perf_counter()
             loss = loss_fn(net(x), y)
             t0 = time.perf_counter()
+            fwd.append((t0 - tf) * 1e3)
             loss.backward()  # with DDP: until every bucket's hook future is done
             bwd.append((time.perf_counter() - t0) * 1e3)
             opt.step()
         diag["cpu_ms"] += [(b - a) * 1e3 for a, b in itertools.pairwise(cpu)][w:]
         diag["main_thread_cpu_ms"] += [(b - a) * 1e3 for a, b in itertools.pairwise(main_cpu)][w:]
         diag["backward_ms"] += bwd[w:-1]
+        diag["forward_ms"] += fwd[w:-1]
         return starts
 
     extra: dict[str, Any] = {}
