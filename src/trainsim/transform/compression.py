@@ -61,7 +61,7 @@ class CompressConfig:
     min_numel: int = 1024
     """smaller gradients are all-reduced uncompressed (the hook's default)"""
     host_overhead_us: float = 0.0
-    """DDP's own host work per step (``DPConfig.host_overhead_us``); the hook's work is added apart"""
+    """DDP's own host work per step (``DPConfig.host_overhead_us``); the hook's own is ``hook_us``"""
     finalize_us: float = 0.0
     """the part of ``host_overhead_us`` after the last bucket's synchronisation (``DPConfig.finalize_us``)"""
     hook_us: float = 0.0
@@ -210,7 +210,7 @@ def codec_us_per_step(
     PowerSGD: its encode (both halves) and decode."""
     total = 0.0
     for q in params:
-        yes, parts = _compressed(q.name, shapes[q.name], q.numel, cfg)
+        yes, parts = _hooked(q, shapes[q.name], cfg, cost)
         if not yes:
             continue
         if cfg.scheme != "allgather" and not cost.low_rank:
