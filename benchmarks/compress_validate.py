@@ -27,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compress_convergence import OUT_MD, write_section
 from trainsim.validate.compress import FULL, MAX_STEP_FACTOR, MEASURE_S, QUICK, run_harness, summary
 
+STEPS, WARMUP = 20, 2
+"""measured and warm-up steps per run (``run_harness``)"""
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,7 +41,7 @@ def main() -> int:
     t0 = time.perf_counter()
     configs = list(QUICK if args.quick else FULL)
     results, notes = run_harness(
-        configs, steps=20, warmup=2, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True), passes=passes
+        configs, steps=STEPS, warmup=WARMUP, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True), passes=passes
     )
     out = summary(results)
     lines = [
@@ -48,10 +51,10 @@ def main() -> int:
         "(same as `trainsim validate compress --json`)  ",
         f"Machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
         f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.perf_counter() - t0:.0f} s.  ",
-        "Model mlp (zoo, ~2.4M parameters), 2 gloo processes with one thread each, batch 32, median of 20 steps "
-        "(a third of them where a step takes over a second; more where 20 would take under "
-        f"{MEASURE_S:g} s, as many as fill it, at most {MAX_STEP_FACTOR * 20}: "
-        "`validate.compress.measured_steps`) after 2 warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
+        f"Model mlp (zoo, ~2.4M parameters), 2 gloo processes with one thread each, batch 32, median of {STEPS} steps "
+        f"(a third of them where a step takes over a second; more where {STEPS} would take under "
+        f"{MEASURE_S:g} s, as many as fill it, at most {MAX_STEP_FACTOR * STEPS}: "
+        f"`validate.compress.measured_steps`) after {WARMUP} warm-up steps. Prediction: one-process profile + calibrated link + calibrated codec -> what-if "
         f"-> simulator. Each configuration is predicted and run once per pass ({passes} passes, every "
         "configuration of a link once per pass, the co-run factor read during each run, its measured steps "
         "interleaved with the plain loop); the table "
