@@ -58,8 +58,8 @@ def main() -> int:
         "",
         "| schedule / stages per rank | M | split (layers per stage) | predicted ms | measured ms (median of the "
         "passes, each the time per step over its window) | error | passes (predicted / measured ms) | runtime overhead us/action | host speed | co-run factor | predicted without co-run ms | "
-        "predicted, slowdown in full ms | error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "predicted, slowdown in full ms | error | posting one send / one receive, us (rank 0; rank 1) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     alt_err, prof_err = [], []
     for r in out["runs"]:
@@ -72,7 +72,9 @@ def main() -> int:
             f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {r['error_pct']:+.1f}% | "
             + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in zip(r["passes_predicted_ms"], r["passes_ms"], strict=True))
             + f" | {r['action_overhead_us']:.0f} | {r.get('host_speed', 1.0):.3f} | {r.get('corun_factor', 1.0):.3f} | "
-            f"{r.get('predicted_no_corun_ms', float('nan')):.1f} | {alt:.1f} | {alt_err[-1]:+.1f}% |"
+            f"{r.get('predicted_no_corun_ms', float('nan')):.1f} | {alt:.1f} | {alt_err[-1]:+.1f}% | "
+            + "; ".join(" / ".join(f"{p[k]:.0f}" if k in p else "-" for k in ("send", "recv")) for p in r.get("post_us", []))
+            + " |"
         )
     rk = out["ranking"]
     lines += [
@@ -88,6 +90,12 @@ def main() -> int:
         f"{out['link'].get('busy_post_us', 0.0):.0f} us for posting a send or receive while the ranks compute "
         "beyond posting it on an idle host (`Calibration.busy_post_us`). "
         "Raw: `docs/benchmarks/ooo_pipeline.json`.",
+        "",
+        "*Posting one send / one receive*: the wall time of torch's runtime posting one operation "
+        "(`_batch_p2p`), by kind, per rank, the median of the passes (`post_us`, "
+        "`trainsim.validate.pipeline.post_us_per_op`). The model charges every send and receive the same "
+        f"{out['link']['cpu_us']:.0f} us + {out['link']['cpu_us_per_byte'] * 1e3:.2f} us/KB, which also stands for "
+        "the runtime's other work per message (the probe).",
         "",
         "*At the profile's speed*: the same prediction without bringing the profile to the host's speed of the "
         "runs (host speed 1, the co-run factor as read), as the harness predicted until 2026-11-24: mean |error| "

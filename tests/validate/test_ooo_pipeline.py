@@ -7,11 +7,20 @@ import json
 import pytest
 
 from trainsim.cli.main import main
-from trainsim.validate.pipeline import ranking_check
+from trainsim.validate.pipeline import post_us_per_op, ranking_check
 
 
 def _row(label: str, m: int, pred: float, meas: float) -> dict[str, object]:
     return {"config": {"label": label, "microbatches": m}, "predicted_ms": pred, "measured_ms": meas}
+
+
+def test_post_us_per_op_divides_each_kind_s_posting_by_its_operations() -> None:
+    ranks = [
+        {"p2p_ms_per_step": {"post": 5.0, "post:send": 2.0, "n:send": 16.0, "post:recv": 3.0, "n:recv": 12.0}},
+        {"p2p_ms_per_step": {"post": 1.0, "post:send+recv": 1.0, "n:send+recv": 4.0, "wait": 9.0}},
+        {"p2p_ms_per_step": {}},  # a torch without the runtime's helpers: nothing timed
+    ]
+    assert post_us_per_op(ranks) == [{"send": 125.0, "recv": 250.0}, {"send+recv": 250.0}, {}]
 
 
 def test_ranking_check_only_counts_clear_gaps() -> None:
@@ -71,6 +80,9 @@ def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> N
     assert all(len(v) == 3 and min(v) > 0 for v in out["profile_time_loop_ms"].values())
     # posting on a busy host: calibrated, never negative, part of the link's host time per message
     assert 0.0 <= out["link"]["busy_post_us"] <= out["link"]["cpu_us"]
+    # what posting one send and one receive took in the run, per rank (medians of the passes)
+    assert len(run["post_us"]) == 2 and all(set(r) <= {"send", "recv", "send+recv"} and r for r in run["post_us"])
+    assert all(v > 0 for r in run["post_us"] for v in r.values())
 
 
 @pytest.mark.netns

@@ -194,8 +194,8 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
             stamps.append((time.perf_counter(), time.process_time(), time.thread_time()))
         for k, v in inside.items():
             inside_ms[k] = inside_ms.get(k, 0.0) + 1e3 * v
-        for k, v in p2p.items():
-            p2p_ms[k] = p2p_ms.get(k, 0.0) + 1e3 * v
+        for k, v in p2p.items():  # seconds to ms; the counts ("n:...") as they are
+            p2p_ms[k] = p2p_ms.get(k, 0.0) + (v if k.startswith("n:") else 1e3 * v)
         for out_list, j in ((step_ms, 0), (cpu_ms, 1), (main_ms, 2)):
             out_list += [1e3 * (b[j] - a[j]) for a, b in itertools.pairwise(stamps)]
     dist.barrier()
@@ -209,7 +209,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "cpu_ms": cpu_ms,
                 "main_thread_cpu_ms": main_ms,
                 "compute_ms_per_step": {k: v / cfg.steps for k, v in inside_ms.items()},
-                "p2p_ms_per_step": {k: v / cfg.steps for k, v in p2p_ms.items()},
+                "p2p_ms_per_step": {k: v / cfg.steps for k, v in p2p_ms.items()},  # "n:..." operations per step
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
                 "host_speed": host,
             }
@@ -249,14 +249,30 @@ def _time_p2p_calls(acc: dict[str, float]) -> None:
     """Accumulate into ``acc`` the wall time the runtime spends posting its sends and receives
     (``post``; ``cpu:post``, the thread's CPU time in it) and waiting for them (``wait``), by wrapping
     the two module-level helpers that ``torch.distributed.pipelining.schedules`` calls for every
-    transfer (``_batch_p2p``, ``_wait_batch_p2p``); nothing when a torch release lacks them."""
+    transfer (``_batch_p2p``, ``_wait_batch_p2p``); nothing when a torch release lacks them. The
+    posting is also split by what a batch posts: ``post:send``, ``post:recv`` (``post:send+recv`` for a
+    batch of both), each with its count of operations (``n:send`` ...): what a post costs differs between
+    sends and receives and from one schedule to another (docs/ooo.md, "Posting by kind")."""
+    import torch.distributed as dist
     from torch.distributed.pipelining import schedules
 
     post, wait = getattr(schedules, "_batch_p2p", None), getattr(schedules, "_wait_batch_p2p", None)
     if post is None or wait is None:
         return
 
-    schedules._batch_p2p = _timed(post, "post", acc)
+    def post_by_kind(p2p_ops: list[Any], desc: str | None = None) -> Any:
+        sends = sum(o.op is dist.isend for o in p2p_ops)
+        kind = "+".join(k for k, n in (("send", sends), ("recv", len(p2p_ops) - sends)) if n)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return post(p2p_ops, desc)
+        finally:
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            if p2p_ops:  # seconds; "n:..." a count
+                for key, v in (("post", wall), ("cpu:post", cpu), ("post:" + kind, wall), ("n:" + kind, len(p2p_ops))):
+                    acc[key] = acc.get(key, 0.0) + v
+
+    schedules._batch_p2p = post_by_kind
     schedules._wait_batch_p2p = _timed(wait, "wait", acc)
 
 

@@ -241,6 +241,7 @@ def run_pipeline_validation(
                     row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
                     alone, together = host_reading([res["ranks"]])
                     row.setdefault("passes_run_reading_ms", []).append([round(alone, 3), round(together, 3)])
+                    row.setdefault("passes_post_us", []).append(post_us_per_op(res["ranks"]))
                     log(f"  measured {res['step_ms']:.1f} ms; the loop alone {alone:.1f} ms, together {together:.1f} ms")
                     done.append((spec, row, res))
                 # the readings of every run of this M in this pass, pooled: one run's few plain steps are
@@ -278,6 +279,9 @@ def run_pipeline_validation(
             row["predicted_profile_speed_ms"] = round(statistics.median(row["passes_profile_speed_ms"]), 3)
             row["measured_median_ms"] = statistics.median(row.pop("passes_median_ms"))
             row["measured_min_ms"] = min(row.pop("passes_min_ms"))
+            row["post_us"] = [{k: round(statistics.median(p[r][k] for p in row["passes_post_us"] if k in p[r]), 1)
+                               for k in sorted({k for p in row["passes_post_us"] for k in p[r]})}
+                              for r in range(len(row["passes_post_us"][0]))]  # fmt: skip
             runs.append(row)
     return {
         **summary(runs),
@@ -291,6 +295,16 @@ def run_pipeline_validation(
 
 HOST_ROUNDS = 2
 """readings of the host's speed per measured run (``PipeRunConfig.host_rounds``)"""
+
+
+def post_us_per_op(ranks: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per rank of a run (``run_pipeline``'s ``ranks``): the wall time of posting one operation (µs), by
+    what the batch posted (``send``, ``recv``, ``send+recv``; ``trainsim.run.pipeline._time_p2p_calls``)."""
+    out = []
+    for r in ranks:
+        p = r.get("p2p_ms_per_step", {})
+        out.append({k[2:]: round(1e3 * p["post:" + k[2:]] / n, 1) for k, n in p.items() if k.startswith("n:") and n > 0})
+    return out
 
 
 def alone_loop_ms(model: str, blocks: int, micro_bs: int, *, steps: int) -> float:
