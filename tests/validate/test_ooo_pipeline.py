@@ -34,7 +34,14 @@ def test_ranking_check_only_counts_clear_gaps() -> None:
     assert out["pairs_checked"] == 2  # a-b (20%) and b-c (17.6%); a-c is within 5%
     assert out["ranking_ok"] and not out["pairs_misranked"]
     rows[1]["predicted_ms"] = 8.0
-    assert ranking_check(rows, 5.0)["pairs_misranked"] == ["M=4: a vs b", "M=4: b vs c"]
+    out = ranking_check(rows, 5.0)
+    assert out["pairs_misranked"] == ["M=4: a vs b", "M=4: b vs c"]
+    # each misranked pair with its gaps and how many passes measured it in the medians' order
+    rows[0]["passes_ms"], rows[1]["passes_ms"] = [90.0, 130.0, 95.0], [120.0, 110.0, 125.0]
+    first = ranking_check(rows, 5.0)["misranked_detail"][0]
+    assert first == {"pair": "M=4: a vs b", "measured_gap_pct": 20.0, "predicted_gap_pct": 25.0,
+                     "passes_in_measured_order": "2/3"}  # fmt: skip
+    assert out["misranked_detail"][1]["passes_in_measured_order"] == "0/0"  # no passes recorded
 
 
 @pytest.mark.parametrize(

@@ -94,8 +94,11 @@ def check_case(case: PipeCase) -> None:
 
 
 def ranking_check(rows: list[dict[str, Any]], gap_pct: float) -> dict[str, Any]:
-    """Pairs of schedules (same microbatches) whose measured gap > gap_pct: is the predicted order the same?"""
-    pairs, wrong = 0, []
+    """Pairs of schedules (same microbatches) whose measured gap > gap_pct: is the predicted order the same?
+    Each misranked pair also gets its measured and predicted gaps (% of the faster) and, where the rows
+    carry their passes (``passes_ms``, pass k of every row in the same sweep), in how many passes the
+    measured order was the one of the medians (``misranked_detail``): how firmly the run ranks them."""
+    pairs, wrong, detail = 0, [], []
     by_m: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_m.setdefault(r["config"]["microbatches"], []).append(r)
@@ -106,9 +109,18 @@ def ranking_check(rows: list[dict[str, Any]], gap_pct: float) -> dict[str, Any]:
                 if 100 * (hi - lo) / lo <= gap_pct:
                     continue
                 pairs += 1
-                if (a["measured_ms"] < b["measured_ms"]) != (a["predicted_ms"] < b["predicted_ms"]):
-                    wrong.append(f"M={m}: {a['config']['label']} vs {b['config']['label']}")
-    return {"gap_pct": gap_pct, "pairs_checked": pairs, "pairs_misranked": wrong, "ranking_ok": not wrong}
+                a_first = a["measured_ms"] < b["measured_ms"]
+                if a_first != (a["predicted_ms"] < b["predicted_ms"]):
+                    name = f"M={m}: {a['config']['label']} vs {b['config']['label']}"
+                    wrong.append(name)
+                    pa, pb = a.get("passes_ms", []), b.get("passes_ms", [])
+                    same = sum((x < y) == a_first for x, y in zip(pa, pb, strict=False))
+                    p_lo, p_hi = sorted((a["predicted_ms"], b["predicted_ms"]))
+                    detail.append({"pair": name, "measured_gap_pct": round(100 * (hi - lo) / lo, 2),
+                                   "predicted_gap_pct": round(100 * (p_hi - p_lo) / p_lo, 2),
+                                   "passes_in_measured_order": f"{same}/{min(len(pa), len(pb))}"})  # fmt: skip
+    return {"gap_pct": gap_pct, "pairs_checked": pairs, "pairs_misranked": wrong, "misranked_detail": detail,
+            "ranking_ok": not wrong}  # fmt: skip
 
 
 def run_pipeline_validation(
