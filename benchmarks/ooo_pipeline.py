@@ -16,7 +16,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -27,20 +26,13 @@ def _mean_abs(xs: list[float]) -> float:
     return sum(abs(x) for x in xs) / max(1, len(xs))
 
 
-def _misranked(rk: dict[str, Any]) -> list[str]:
-    """Each misranked pair with its measured and predicted gaps and how many passes agree with the medians."""
-    return [f"{d['pair']} (measured {d['measured_gap_pct']:.1f} % apart, in that order in "
-            f"{d['passes_in_measured_order']} passes; predicted {d['predicted_gap_pct']:.1f} % the other way)"
-            for d in rk.get("misranked_detail", [])] or list(rk["pairs_misranked"])  # fmt: skip
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--passes", type=int, default=5, help="measurements per configuration (median)")
     args = ap.parse_args()
-    from trainsim.validate.pipeline import FULL, QUICK, run_pipeline_validation
+    from trainsim.validate.pipeline import FULL, QUICK, misranked_lines, run_pipeline_validation
 
     head = stamp()
     t0 = time.monotonic()
@@ -89,7 +81,7 @@ def main() -> int:
         "",
         f"Mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}% (target: "
         f"<= 10 % each). Ranking: {rk['pairs_checked']} pairs with a measured gap > {rk['gap_pct']}%, "
-        f"misranked: {', '.join(_misranked(rk)) or 'none'}. Link model from calibration: "
+        f"misranked: {', '.join(misranked_lines(rk)) or 'none'}. Link model from calibration: "
         f"{out['link']['bw_gbps']:.3f} Gbit/s, {out['link']['latency_us']:.0f} us per message; host CPU per send or "
         f"receive {out['link']['cpu_us']:.0f} us + {out['link']['cpu_us_per_byte'] * 1e3:.2f} us/KB, of which "
         f"{out['link'].get('runtime_p2p_us', 0.0):.0f} us from the runtime probe on the hollow model "

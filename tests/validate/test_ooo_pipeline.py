@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trainsim.cli.main import main
-from trainsim.validate.pipeline import post_us_per_op, ranking_check
+from trainsim.validate.pipeline import misranked_lines, post_us_per_op, ranking_check
 
 
 def _row(label: str, m: int, pred: float, meas: float) -> dict[str, object]:
@@ -42,6 +42,9 @@ def test_ranking_check_only_counts_clear_gaps() -> None:
     assert first == {"pair": "M=4: a vs b", "measured_gap_pct": 20.0, "predicted_gap_pct": 25.0,
                      "passes_in_measured_order": "2/3"}  # fmt: skip
     assert out["misranked_detail"][1]["passes_in_measured_order"] == "0/0"  # no passes recorded
+    assert misranked_lines(ranking_check(rows, 5.0))[0] == (
+        "M=4: a vs b (measured 20.0 % apart, in that order in 2/3 passes; predicted 25.0 % the other way)")
+    assert misranked_lines({"pairs_misranked": ["M=4: a vs b"]}) == ["M=4: a vs b"]  # older JSON: names only
 
 
 @pytest.mark.parametrize(

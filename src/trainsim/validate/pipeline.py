@@ -123,6 +123,14 @@ def ranking_check(rows: list[dict[str, Any]], gap_pct: float) -> dict[str, Any]:
             "ranking_ok": not wrong}  # fmt: skip
 
 
+def misranked_lines(ranking: dict[str, Any]) -> list[str]:
+    """``ranking_check``'s misranked pairs, each with its measured and predicted gaps and how many
+    passes measured it in the medians' order (the bare names where the detail is missing)."""
+    return [f"{d['pair']} (measured {d['measured_gap_pct']:.1f} % apart, in that order in "
+            f"{d['passes_in_measured_order']} passes; predicted {d['predicted_gap_pct']:.1f} % the other way)"
+            for d in ranking.get("misranked_detail", [])] or list(ranking["pairs_misranked"])  # fmt: skip
+
+
 def run_pipeline_validation(
     case: PipeCase,
     *,
@@ -514,7 +522,8 @@ def pipeline_command(
     Console().print(table)
     rk = out["ranking"]
     click.echo(
-        f"ranking (gap > {rk['gap_pct']}%): {rk['pairs_checked']} pairs, misranked: {rk['pairs_misranked'] or 'none'}"
+        f"ranking (gap > {rk['gap_pct']}%): {rk['pairs_checked']} pairs, misranked: "
+        f"{'; '.join(misranked_lines(rk)) or 'none'}"
     )
     click.echo(f"mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%")
 
