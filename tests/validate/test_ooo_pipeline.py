@@ -16,9 +16,9 @@ def _row(label: str, m: int, pred: float, meas: float) -> dict[str, object]:
 
 def test_post_us_per_op_divides_each_kind_s_posting_by_its_operations() -> None:
     ranks = [
-        {"p2p_ms_per_step": {"post": 5.0, "post:send": 2.0, "n:send": 16.0, "post:recv": 3.0, "n:recv": 12.0}},
-        {"p2p_ms_per_step": {"post": 1.0, "post:send+recv": 1.0, "n:send+recv": 4.0, "wait": 9.0}},
-        {"p2p_ms_per_step": {}},  # a torch without the runtime's helpers: nothing timed
+        {"p2p_ms_per_step": {"post": 5.0, "post:send": 2.0, "post:recv": 3.0}, "p2p_ops_per_step": {"send": 16.0, "recv": 12.0}},
+        {"p2p_ms_per_step": {"post": 1.0, "post:send+recv": 1.0, "wait": 9.0}, "p2p_ops_per_step": {"send+recv": 4.0}},
+        {"p2p_ms_per_step": {}, "p2p_ops_per_step": {}},  # a torch without the runtime's helpers: nothing timed
     ]
     assert post_us_per_op(ranks) == [{"send": 125.0, "recv": 250.0}, {"send+recv": 250.0}, {}]
 

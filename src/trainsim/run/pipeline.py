@@ -148,8 +148,10 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     stages = [PipelineStage(mods[s], s, spec.n_stages, torch.device("cpu")) for s in mine]
     inside = _time_stage_calls(stages)  # wall time spent in the stages' compute calls, per kind
     p2p: dict[str, float] = {}
-    _time_p2p_calls(p2p)  # and in posting and waiting for the runtime's transfers
+    p2p_ops: dict[str, float] = {}  # operations posted, by kind
+    _time_p2p_calls(p2p, p2p_ops)  # and in posting and waiting for the runtime's transfers
     p2p_ms: dict[str, float] = {}
+    ops: dict[str, float] = {}
     rt = make_runtime(stages, spec, nn.CrossEntropyLoss())
     params = [p for s in mine for p in mods[s].parameters()]
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
@@ -188,14 +190,17 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
             pipeline_step()
         inside.clear()
         p2p.clear()
+        p2p_ops.clear()
         stamps = [(time.perf_counter(), time.process_time(), time.thread_time())]
         for _ in range(n):
             pipeline_step()
             stamps.append((time.perf_counter(), time.process_time(), time.thread_time()))
         for k, v in inside.items():
             inside_ms[k] = inside_ms.get(k, 0.0) + 1e3 * v
-        for k, v in p2p.items():  # seconds to ms; the counts ("n:...") as they are
-            p2p_ms[k] = p2p_ms.get(k, 0.0) + (v if k.startswith("n:") else 1e3 * v)
+        for k, v in p2p.items():
+            p2p_ms[k] = p2p_ms.get(k, 0.0) + 1e3 * v
+        for k, v in p2p_ops.items():
+            ops[k] = ops.get(k, 0.0) + v
         for out_list, j in ((step_ms, 0), (cpu_ms, 1), (main_ms, 2)):
             out_list += [1e3 * (b[j] - a[j]) for a, b in itertools.pairwise(stamps)]
     dist.barrier()
@@ -209,7 +214,8 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "cpu_ms": cpu_ms,
                 "main_thread_cpu_ms": main_ms,
                 "compute_ms_per_step": {k: v / cfg.steps for k, v in inside_ms.items()},
-                "p2p_ms_per_step": {k: v / cfg.steps for k, v in p2p_ms.items()},  # "n:..." operations per step
+                "p2p_ms_per_step": {k: v / cfg.steps for k, v in p2p_ms.items()},
+                "p2p_ops_per_step": {k: v / cfg.steps for k, v in ops.items()},
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
                 "host_speed": host,
             }
@@ -245,14 +251,14 @@ def _timed(fn: Any, key: str, acc: dict[str, float]) -> Any:
     return call
 
 
-def _time_p2p_calls(acc: dict[str, float]) -> None:
+def _time_p2p_calls(acc: dict[str, float], ops: dict[str, float]) -> None:
     """Accumulate into ``acc`` the wall time the runtime spends posting its sends and receives
     (``post``; ``cpu:post``, the thread's CPU time in it) and waiting for them (``wait``), by wrapping
     the two module-level helpers that ``torch.distributed.pipelining.schedules`` calls for every
     transfer (``_batch_p2p``, ``_wait_batch_p2p``); nothing when a torch release lacks them. The
     posting is also split by what a batch posts: ``post:send``, ``post:recv`` (``post:send+recv`` for a
-    batch of both), each with its count of operations (``n:send`` ...): what a post costs differs between
-    sends and receives and from one schedule to another (docs/ooo.md, "Posting by kind")."""
+    batch of both), and ``ops`` counts the operations posted by the same kinds: what a post costs differs
+    between sends and receives and from one schedule to another (docs/ooo.md, "Posting by kind")."""
     import torch.distributed as dist
     from torch.distributed.pipelining import schedules
 
@@ -268,9 +274,10 @@ def _time_p2p_calls(acc: dict[str, float]) -> None:
             return post(p2p_ops, desc)
         finally:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            if p2p_ops:  # seconds; "n:..." a count
-                for key, v in (("post", wall), ("cpu:post", cpu), ("post:" + kind, wall), ("n:" + kind, len(p2p_ops))):
+            if p2p_ops:
+                for key, v in (("post", wall), ("cpu:post", cpu), ("post:" + kind, wall)):
                     acc[key] = acc.get(key, 0.0) + v
+                ops[kind] = ops.get(kind, 0.0) + len(p2p_ops)
 
     schedules._batch_p2p = post_by_kind
     schedules._wait_batch_p2p = _timed(wait, "wait", acc)

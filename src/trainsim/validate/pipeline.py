@@ -322,8 +322,8 @@ def post_us_per_op(ranks: list[dict[str, Any]]) -> list[dict[str, float]]:
     what the batch posted (``send``, ``recv``, ``send+recv``; ``trainsim.run.pipeline._time_p2p_calls``)."""
     out = []
     for r in ranks:
-        p = r.get("p2p_ms_per_step", {})
-        out.append({k[2:]: round(1e3 * p["post:" + k[2:]] / n, 1) for k, n in p.items() if k.startswith("n:") and n > 0})
+        ms, ops = r.get("p2p_ms_per_step", {}), r.get("p2p_ops_per_step", {})
+        out.append({k: round(1e3 * ms["post:" + k] / n, 1) for k, n in ops.items() if n > 0})
     return out
 
 
