@@ -262,7 +262,8 @@ def compression(
     main_res = g.resources[int(g.resource[anchors[0].first])].name
     buckets = ddp_buckets([q.size_bytes for q in params], cap_bytes=int(cfg.bucket_cap_mb * 1024 * 1024))
     rows = _Rows(cfg.channel, main_res)
-    n_comp = sum(q.numel for q in params if _hooked(q, shapes[q.name], cfg, cost)[0])
+    hooked = {q.name: _hooked(q, shapes[q.name], cfg, cost) for q in params}  # (compressed?, partitions)
+    n_comp = sum(q.numel for q in params if hooked[q.name][0])
     for a in anchors:
         base = float(a.step) * 1e6
         for b, idx in enumerate(buckets):
@@ -273,7 +274,7 @@ def compression(
             plain_bytes, comp_items = 0, []
             for i in idx:
                 q = params[i]
-                yes, parts = _hooked(q, shapes[q.name], cfg, cost)
+                yes, parts = hooked[q.name]
                 if yes:
                     comp_items.append((q, parts))
                 else:
