@@ -36,18 +36,20 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--passes", type=int, default=3, help="runs per configuration (median); 1 with --quick")
+    ap.add_argument("--pin", action="store_true", help="each rank of the measured runs on a core of its own")
     args = ap.parse_args()
     passes = 1 if args.quick else args.passes
     t0 = time.perf_counter()
     configs = list(QUICK if args.quick else FULL)
     results, notes = run_harness(
-        configs, steps=STEPS, warmup=WARMUP, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True), passes=passes
+        configs, steps=STEPS, warmup=WARMUP, reps=3, log=lambda s: print(s, file=sys.stderr, flush=True), passes=passes,
+        pin=args.pin,
     )
     out = summary(results)
     lines = [
         "## Speed on emulated links: predicted vs measured step time (validate compress)",
         "",
-        f"Command: `.venv/bin/python benchmarks/compress_validate.py{' --quick' if args.quick else ''}` "
+        f"Command: `.venv/bin/python benchmarks/compress_validate.py{' --quick' if args.quick else ''}{' --pin' if args.pin else ''}` "
         "(same as `trainsim validate compress --json`)  ",
         f"Machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}; "
         f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.perf_counter() - t0:.0f} s.  ",
@@ -58,7 +60,9 @@ def main() -> int:
         f"-> simulator. Each configuration is predicted and run once per pass ({passes} passes, every "
         "configuration of a link once per pass, the co-run factor read during each run, its measured steps "
         "interleaved with the plain loop); the table "
-        "gives the medians over the passes, *passes* each pass's predicted / measured ms.",
+        "gives the medians over the passes, *passes* each pass's predicted / measured ms. "
+        + ("Each rank of the measured runs on a core of its own (`--pin`, `trainsim.run.ranks.pin_to_core`; the "
+           "calibrations unpinned)." if args.pin else "Ranks not pinned to cores."),
         "",
         "| run | predicted ms | measured ms | error % | ranks in sync | passes (predicted / measured ms) |",
         "|---|---:|---:|---:|:-:|---|",

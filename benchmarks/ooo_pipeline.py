@@ -2,6 +2,7 @@
 
     python benchmarks/ooo_pipeline.py           # 6 schedules x 3 microbatch counts x 5 passes, 16 steps, ~14 min
     python benchmarks/ooo_pipeline.py --quick   # 3 schedules at M=4, ~1 min
+    python benchmarks/ooo_pipeline.py --pin     # each rank of the probe and the runs on a core of its own
 
 Runs ``trainsim.validate.pipeline.run_pipeline_validation`` (transformer with 6 blocks, batch 32,
 1000 Mbit/s links). Writes the ``ooo_pipeline`` section of docs/benchmarks/ooo.md and the raw JSON.
@@ -31,13 +32,16 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--passes", type=int, default=5, help="measurements per configuration (median)")
+    ap.add_argument("--pin", action="store_true", help="each rank of the probe and the runs on a core of its own")
     args = ap.parse_args()
+    import dataclasses
+
     from trainsim.validate.pipeline import FULL, QUICK, misranked_lines, run_pipeline_validation
 
     head = stamp()
     t0 = time.monotonic()
     out = run_pipeline_validation(
-        QUICK if args.quick else FULL,
+        dataclasses.replace(QUICK if args.quick else FULL, pin=args.pin),
         steps=args.steps,
         warmup=2,
         passes=args.passes,
@@ -48,6 +52,8 @@ def main() -> int:
         "## Pipeline schedules (2 processes, transformer, 1000 Mbit/s links)",
         "",
         head,
+        ("Each rank on a core of its own (`--pin`, `trainsim.run.ranks.pin_to_core`) in the runtime probe and the "
+         "measured runs; the gloo calibration unpinned." if args.pin else "Ranks not pinned to cores."),
         "Each pass runs every schedule once; each run reads the host's speed between its segments of measured",
         "steps (the plain loop of the whole model at the microbatch size, on each rank alone, then on both at",
         "once). The runs of one microbatch count in one pass are predicted from their readings pooled: the",

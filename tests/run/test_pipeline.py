@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -39,11 +40,12 @@ def _plain_first_loss(blocks: int) -> float:
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
-    "schedule,spr,split",
-    [("1F1B", 1, (3, 3)), ("ZBVZeroBubble", 2, (2, 1, 1, 2)), ("Interleaved1F1B", 2, (2, 1, 1, 2))],
+    "schedule,spr,split,pin",
+    [("1F1B", 1, (3, 3), False), ("ZBVZeroBubble", 2, (2, 1, 1, 2), True), ("Interleaved1F1B", 2, (2, 1, 1, 2), False)],
 )
-def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: tuple[int, ...]) -> None:
+def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: tuple[int, ...], pin: bool) -> None:
     cfg = PipeRunConfig(
+        pin=pin,
         model="transformer",
         blocks=3,
         schedule=schedule,
@@ -72,6 +74,11 @@ def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: t
         assert p2p["post"] + p2p["wait"] + sum(v for k, v in comp.items() if ":" not in k) <= step * 1.02
     # microbatch losses average to the full-batch loss of the unsplit model (step 0, before any update)
     assert res["losses"][0] == pytest.approx(_plain_first_loss(3), rel=1e-5)
+    # pinned: each rank on one core, rank modulo the cores this process may use; else where the OS likes
+    cores = sorted(os.sched_getaffinity(0))
+    for r, rank in enumerate(res["ranks"]):
+        assert rank["pinned"] is pin and rank["pin_error"] is None
+        assert rank["cores"] == ([cores[r % len(cores)]] if pin else cores)
 
 
 @pytest.mark.multiproc

@@ -150,6 +150,15 @@ def test_runtime_cost_fit() -> None:
     assert f == 0.0 and a == pytest.approx((24 * 1_000.0 + 96 * 30_000.0) / (24**2 + 96**2))
     assert _fit_runtime_cost([(96, 9_600.0)]) == pytest.approx((100.0, 0.0))
     assert _fit_runtime_cost([(96, -500.0)]) == (0.0, 0.0)
+    # the calibrated charge per message may be too high: a negative cost per action, down to the floor
+    assert _fit_runtime_cost([(24, -1_000.0), (96, -4_600.0)], min_per_action=-300.0) == pytest.approx((-50.0, 200.0))
+    a, f = _fit_runtime_cost([(24, -3_000.0), (96, -9_000.0)], min_per_action=-300.0)  # through the origin
+    assert f == 0.0 and a == pytest.approx((24 * -3_000.0 + 96 * -9_000.0) / (24**2 + 96**2))
+    assert _fit_runtime_cost([(96, -9_600.0)], min_per_action=-300.0) == pytest.approx((-100.0, 0.0))
+    assert _fit_runtime_cost([(96, -96_000.0)], min_per_action=-300.0) == pytest.approx((-300.0, 0.0))
+    # below the floor per action: the floor, and the rest of the extra per step
+    a, f = _fit_runtime_cost([(24, 0.0), (96, -36_000.0)], min_per_action=-300.0)
+    assert a == -300.0 and f == pytest.approx((0.0 - 36_000.0 + 300.0 * 120) / 2)
 
 
 def test_bad_input_is_refused() -> None:

@@ -84,3 +84,22 @@ def test_hook_against_plain_ddp_in_one_process() -> None:
         # the paired difference of the round's steps, and the codec at every calibration size
         assert r["diff_ms"] > 0 and r["hook_ms"] > r["plain_ms"]
         assert len(r["codec_samples"]["enc_ms"]) == len(CAL_SIZES) and min(r["codec_samples"]["enc_ms"]) > 0
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("pin", [False, True])
+def test_worker_runs_compressed_ddp_pinned_or_not(pin: bool) -> None:
+    """Two ranks of the harness's worker on loopback: compressed steps measured, the ranks in sync, and
+    with ``pin`` each rank on one core of its own (rank modulo the cores), else where the OS likes."""
+    import json
+    import os
+
+    from trainsim.validate.launch import launch
+
+    cfg = {"model": "mlp", "algorithm": "onebit", "options": {}, "scheme": "allgather", "steps": 2, "warmup": 1,
+           "pin": pin}  # fmt: skip
+    data = json.loads(launch(2, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None)[0].strip().splitlines()[-1])
+    assert len(data["step_ms"]) == 2 and min(data["step_ms"]) > 0 and data["params_in_sync"]
+    cores = sorted(os.sched_getaffinity(0))
+    assert data["pin_error"] is None
+    assert data["cores"] == ([cores[0]] if pin else cores)  # rank 0 reports

@@ -1120,21 +1120,17 @@ def _realtime() -> str | None:
 
 
 def _pin() -> str | None:
-    """Keep this process (and the threads gloo starts later, which inherit it) on one core: rank modulo
-    the cores it may use. ``None`` on success, else why not.
+    """Keep this process (and the threads gloo starts later, which inherit it) on one core of its own
+    (``trainsim.run.ranks.pin_to_core`` for this rank). ``None`` on success, else why not.
 
-    Why: with two emulated ranks on this 2-vCPU machine, where each rank's threads land decides the
+    Why here too: with two emulated ranks on this 2-vCPU machine, where each rank's threads land decides the
     small all-reduces' latency: six launches of the same calibration at 1 Gbit/s gave 1 KiB all-reduces
-    of 174-187 us in four and 224 us in two (real-time class). Pinned, six launches gave 183-194 us.
-    Separate machines do not share cores; one core per rank is the closer emulation."""
+    of 174-187 us in four and 224 us in two (real-time class). Pinned, six launches gave 183-194 us."""
     import os
 
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[int(os.environ.get("RANK", "0")) % len(cores)]})
-    except (OSError, AttributeError, ValueError) as exc:
-        return str(exc)
-    return None
+    from trainsim.run.ranks import pin_to_core
+
+    return pin_to_core(int(os.environ.get("RANK", "0")))
 
 
 def _worker(

@@ -67,6 +67,8 @@ class PipeRunConfig:
     """fault injection for tests: this rank exits with code 3 at step 1"""
     hollow: bool = False
     """the zoo's hollow transformer (``ZooSpec.hollow``): the runtime's own costs, almost no compute"""
+    pin: bool = False
+    """each rank on one core of its own (``run.ranks.pin_to_core``): ranks emulated on one host"""
     host_rounds: int = 0
     """readings of the host's speed during the run (``run.ranks.host_speed_round`` on a copy of the
     whole model at the microbatch size), each before a segment of the measured steps; 0: none"""
@@ -139,7 +141,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     from trainsim.transform.pipeline import make_runtime
 
     spec = cfg.pipe_spec()
-    init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s)
+    pin_error = init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s, pin=cfg.pin)
     model, batches = build_with_batches(cfg.model, seed=cfg.seed, spec=cfg.zoo_spec())
     children = list(model.children())
     s2r = spec.stage_to_rank()
@@ -218,6 +220,9 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "p2p_ops_per_step": {k: v / cfg.steps for k, v in ops.items()},
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
                 "host_speed": host,
+                "pinned": cfg.pin and pin_error is None,
+                "pin_error": pin_error,
+                "cores": sorted(os.sched_getaffinity(0)),
             }
         )
     )

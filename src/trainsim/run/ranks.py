@@ -214,12 +214,33 @@ def _tail(err: IO[bytes], n: int = 6) -> str:
     return " | ".join(lines[-n:]) or "(no stderr)"
 
 
-def init_gloo(rank: int, world_size: int, master: str, port: int, timeout_s: float) -> None:
-    """Join the gloo process group with a timeout on every collective (a dead peer fails fast)."""
+def pin_to_core(rank: int) -> str | None:
+    """Keep this process, and every thread it starts from now on (gloo's, when called before joining
+    the process group), on one core: ``rank`` modulo the cores it may use. ``None`` on success, else why not.
+
+    Why: ranks emulated on one host share its cores, where real ranks on separate machines do not.
+    Unpinned on this 2-vCPU VM, a rank's gloo thread, woken by an arriving message while both ranks'
+    compute threads fill the cores, may wait for a scheduler slice (4 ms) behind the other rank's
+    computation, and so does the rank that posts a receive meanwhile: 9-16 % of the receives of a GPipe
+    run blocked 3-5 ms (docs/ooo.md, "One core per rank"). Pinned, a rank's threads wait only for its
+    own."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    except (OSError, AttributeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def init_gloo(rank: int, world_size: int, master: str, port: int, timeout_s: float, *, pin: bool = False) -> str | None:
+    """Join the gloo process group with a timeout on every collective (a dead peer fails fast); with
+    ``pin``, first keep the rank on a core of its own (``pin_to_core``). Returns why pinning failed
+    (``None``: pinned, or not asked for)."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    pin_error = pin_to_core(rank) if pin else None
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{master}:{port}",
@@ -227,6 +248,7 @@ def init_gloo(rank: int, world_size: int, master: str, port: int, timeout_s: flo
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    return pin_error
 
 
 def step_starts(net: Any, opt: Any, batch: Any, loss_fn: Any, data: Any) -> list[float]:

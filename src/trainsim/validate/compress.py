@@ -224,10 +224,14 @@ def run_harness(
     reps: int = 3,
     log: Callable[[str], None] = lambda s: None,
     passes: int = 1,
+    pin: bool = False,
 ) -> tuple[list[RunResult], list[str]]:
     """Profile, calibrate, predict and measure every configuration; return results and notes.
     ``passes``: predict and measure each configuration that many times, every configuration of a link
-    once per pass, and report the medians (``validate.dp.median_of_passes``)."""
+    once per pass, and report the medians (``validate.dp.median_of_passes``). ``pin``: each rank of the
+    measured runs on a core of its own (``run.ranks.pin_to_core``; the calibrations are not pinned). Off
+    by default: pinned, the 1 Gbit/s runs measured 10-18 % above their predictions (docs/compress.md,
+    "One core per rank")."""
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.compress.secopa import Plan
     from trainsim.models.zoo import build
@@ -297,7 +301,7 @@ def run_harness(
                         tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
                         wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
                                                 "scheme": c.scheme, "steps": steps, "warmup": warmup,
-                                                "interleave": True}  # fmt: skip
+                                                "interleave": True, "pin": pin}  # fmt: skip
                         ccfg = None
                         if c.algorithm != "none":
                             cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
@@ -327,6 +331,8 @@ def run_harness(
                         pred = _predict_ms(profiled[c.model].at_host_speed(interleaved_corun(data["corun_marks"])), *what)
                         res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
                                         bool(data.get("params_in_sync", True)))  # fmt: skip
+                        if pin and data.get("pin_error") and not any("pinning" in n for n in notes):
+                            notes.append(f"pinning the ranks to cores refused ({data['pin_error']}): ranks ran unpinned")
                         log(f"  predicted {res.predicted_ms:.1f} ms, measured {res.measured_ms:.1f} ms, "
                             f"error {res.error_pct:+.1f}%")  # fmt: skip
                         runs[i].append(res)
@@ -354,10 +360,12 @@ def run_harness(
 @click.option("--warmup", type=int, default=2, show_default=True, help="warm-up steps per run")
 @click.option("--passes", type=int, default=1, show_default=True,
               help="runs per configuration, all configurations once per pass; the medians are reported")
+@click.option("--pin", is_flag=True,
+              help="each rank of the measured runs on a core of its own (run.ranks.pin_to_core; see docs/compress.md)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def compress_command(
     quick: bool, rates: tuple[float, ...], algorithms: tuple[str, ...], model: str, steps: int, warmup: int,
-    passes: int, as_json: bool,
+    passes: int, pin: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Predict compressed-DDP step times from a one-process profile, then run them on shaped links."""
     from rich.console import Console
@@ -384,7 +392,7 @@ def compress_command(
         configs = [RunConfig(**{**asdict(c), "model": model}) for c in (QUICK if quick else FULL)]
     err = Console(stderr=True)
     results, notes = run_harness(
-        configs, steps=3 if quick else steps, warmup=warmup, reps=2 if quick else 3, passes=passes,
+        configs, steps=3 if quick else steps, warmup=warmup, reps=2 if quick else 3, passes=passes, pin=pin,
         log=progress_log(err),
     )  # fmt: skip
     for n in notes:
@@ -416,9 +424,12 @@ def worker(cfg: dict[str, Any]) -> None:
 
     from trainsim.models.zoo import ZooSpec, build_with_batches
     from trainsim.run.hooks import CompressionState, hook_for
+    from trainsim.run.ranks import pin_to_core
     from trainsim.validate.dp_worker import alternating_ms, interleaved
 
     torch.set_num_threads(1)
+    # before joining: gloo's threads, started then, inherit the core
+    pin_error = pin_to_core(int(os.environ.get("RANK", "0"))) if cfg.get("pin") else None
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model, batch = build_with_batches(cfg["model"], seed=0, spec=ZooSpec(batch_size=32))
@@ -526,7 +537,8 @@ def worker(cfg: dict[str, Any]) -> None:
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
     if rank == 0 or trace is not None:  # traced: every rank's timeline (its own stdout)
-        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag, **extra}), flush=True)
+        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag, "pin_error": pin_error,
+                          "cores": sorted(os.sched_getaffinity(0)), **extra}), flush=True)  # fmt: skip
     dist.barrier()
 
 

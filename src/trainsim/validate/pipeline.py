@@ -24,6 +24,9 @@
    together / alone);
 7. report errors, and whether the predicted ranking of schedules matches the measured one wherever
    the measured gap exceeds ``--rank-gap`` percent.
+
+``--pin`` (``PipeCase.pin``) keeps each rank of the probe and of the measured runs on a core of its own
+(``run.ranks.pin_to_core``); the calibration stays unpinned (docs/ooo.md, "One core per rank").
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +67,10 @@ class PipeCase:
     schedules: tuple[tuple[str, int], ...] = SCHEDULE_SET
     rate_mbit: float | None = 1000.0
     delay_ms: float = 0.0
+    pin: bool = False
+    """each rank on a core of its own in the runtime probe and the measured runs (``run.ranks.pin_to_core``;
+    the calibration unpinned). Off by default: pinned, the predictions came out 4-6 % high on average
+    and up to 15 % (docs/ooo.md, "One core per rank")."""
 
     def zoo(self) -> dict[str, int]:
         return (
@@ -186,6 +193,8 @@ def run_pipeline_validation(
         # cost, and a fit on them alone leaves the per-byte cost undetermined (it came out 0)
         out_bytes = sorted({int(r["out_bytes"]) for b in micro for r in prof.table(b)} | {1024, 256 << 10, 1 << 20})
         log(f"calibrating gloo on {link_label(case.rate_mbit, case.delay_ms)}")
+        # not pinned: pinned, its point-to-point line read 1.27-1.63 ms per message against 0.20-0.46
+        # unpinned (2026-11-27); the runtime probe, run as the measured runs are, corrects the charge per message
         cal = calibrate(
             world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=out_bytes, reps=5, net=net,
             p2p_sizes=out_bytes,
@@ -206,8 +215,10 @@ def run_pipeline_validation(
         # core: the hollow probe's idle host does not show it (``Calibration.busy_post_us``)
         busy_us = cal.busy_post_us()
         log(f"posting a send or receive while the ranks compute: +{busy_us:.0f} us over an idle host "
-            f"(per size: {', '.join(f'{i:.0f}/{b:.0f}' for i, b in zip(cal.post_idle_us, cal.post_busy_us, strict=False))} us idle/busy)")  # fmt: skip
-        link = dataclasses.replace(link, cpu_us=link.cpu_us + busy_us)
+            f"(per size: {', '.join(f'{i:.0f}/{b:.0f}' for i, b in zip(cal.post_idle_us, cal.post_busy_us, strict=False))} us idle/busy)"
+            + ("; not charged: the ranks run pinned, where a post does not wait for the peer's computation" if case.pin else ""))  # fmt: skip
+        if not case.pin:
+            link = dataclasses.replace(link, cpu_us=link.cpu_us + busy_us)
         # every configuration once per pass, the passes one after the other: a burst of load on the
         # shared host then disturbs one pass of a configuration, and the median of the passes drops it.
         # Each run reads the host's speed between its segments of measured steps, and its prediction
@@ -244,18 +255,22 @@ def run_pipeline_validation(
                                 "batch_size": case.batch_size,
                                 "rate_mbit": case.rate_mbit,
                                 "delay_ms": case.delay_ms,
+                                "pinned": case.pin,
                             },
                             "passes_ms": [],
                             "action_overhead_us": round(overhead[m], 1),
                         }
                         run_cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
                                                 batch_size=case.batch_size, split=sizes, blocks=case.blocks, steps=steps,
-                                                warmup=warmup, host_rounds=HOST_ROUNDS)  # fmt: skip
+                                                warmup=warmup, host_rounds=HOST_ROUNDS, pin=case.pin)  # fmt: skip
                         rows[key] = (row, run_cfg)
                     row, run_cfg = rows[key]
                     log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), its steps in segments between "
                         "readings of the host's speed")  # fmt: skip
                     res = run_pipeline(run_cfg, popen=popen, master=master, port=free_port())
+                    refused = {r["pin_error"] for r in res["ranks"] if r.get("pin_error")}
+                    if case.pin and refused and not any("pinning" in n for n in notes):
+                        notes.append(f"pinning the ranks to cores refused ({'; '.join(sorted(refused))}): ranks ran unpinned")
                     row["passes_ms"].append(round(res["step_ms"], 3))
                     row.setdefault("passes_median_ms", []).append(round(res["step_median_ms"], 3))
                     row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
@@ -385,9 +400,12 @@ def _probe_p2p_overhead_us(
     host CPU, as ``(per send or receive, per step)`` in µs: run the schedule with the most
     point-to-point actions on the zoo's *hollow* transformer (same activations, almost no compute) at
     the smallest and the largest microbatch count (the median of ``PROBE_RUNS`` runs each), predict
-    both the same way, and fit the differences with a cost per step plus a cost per SEND/RECV action
-    (both >= 0; one count: per action only). A property of the runtime, host and link, measured on a
-    model other than the one predicted, like the collective calibration."""
+    both the same way, and fit the differences with a cost per step (>= 0) plus a cost per SEND/RECV
+    action (``_fit_runtime_cost``; negative where the calibration's host CPU per message over-charges the
+    runtime, down to none; one count: per action only). A property of the runtime, host and link, measured on a
+    model other than the one predicted, like the collective calibration. (Read instead as a latency of
+    every transfer, fitted against how much each hollow prediction grows per µs of latency, the same
+    differences predicted far worse: docs/ooo.md, "One core per rank".)"""
     import statistics
 
     from trainsim.capture.layerprofile import profile_layers
@@ -405,7 +423,7 @@ def _probe_p2p_overhead_us(
         pred = predict_pipeline(hollow, spec, batch_size=case.batch_size, link=link, split=split, slowdown=slowdown).step_ms
         cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
                             batch_size=case.batch_size, split=tuple(split), blocks=case.blocks, steps=steps,
-                            warmup=warmup, hollow=True)  # fmt: skip
+                            warmup=warmup, hollow=True, pin=case.pin)  # fmt: skip
         # a single run of the hollow model moved by 20 % between probes minutes apart (56.6 and 67.0 ms
         # at M = 16), and every message of every prediction inherits it: the median of a few runs
         runs = [run_pipeline(cfg, popen=popen, master=master, port=free_port())["step_ms"]
@@ -415,26 +433,28 @@ def _probe_p2p_overhead_us(
         points.append((n, (meas - pred) * 1e3))
         log(f"runtime probe ({name}/{spr}, M={m}, hollow model): predicted {pred:.1f} ms, measured "
             f"{meas:.1f} ms (median of {' / '.join(f'{r:.1f}' for r in runs)}), {n} sends/receives per step")  # fmt: skip
-    per_msg, per_step = _fit_runtime_cost(points)
+    per_msg, per_step = _fit_runtime_cost(points, min_per_action=-link.cpu_us)
     log(f"runtime cost beyond the model: {per_msg:.0f} us per send/receive + {per_step / 1e3:.1f} ms per step")
     return per_msg, per_step
 
 
-def _fit_runtime_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """``(per action, per step)`` µs, both >= 0, through ``(actions, extra µs)`` points: the line
-    through two points; a line through the origin where the two-point line's parts would be negative,
-    or for one point."""
+def _fit_runtime_cost(points: Sequence[tuple[float, float]], min_per_action: float = 0.0) -> tuple[float, float]:
+    """``(per action, per step)`` µs through ``(actions, extra µs)`` points, per action >= ``min_per_action``
+    (negative: the calibrated host CPU per message over-charges the runtime, at most by itself) and per
+    step >= 0: the line through two points; a line through the origin where the two-point line's cost
+    per step would be negative, or for one point; the floor per action and the mean of the rest per
+    step where the line's cost per action is below the floor."""
     if len(points) == 2 and points[0][0] != points[1][0]:
         (n1, d1), (n2, d2) = sorted(points)
         a = (d2 - d1) / (n2 - n1)
         f = d1 - a * n1
-        if a >= 0 and f >= 0:
+        if a >= min_per_action and f >= 0:
             return a, f
-        if a < 0:  # more messages, less extra: a cost per step only
-            return 0.0, max(0.0, (d1 + d2) / 2)
+        if a < min_per_action:  # more messages, less extra: the floor per action, the rest per step
+            return min_per_action, max(0.0, (d1 + d2 - min_per_action * (n1 + n2)) / 2)
     num = sum(n * d for n, d in points)
     den = sum(n * n for n, _ in points)
-    return (max(0.0, num / den) if den else 0.0), 0.0
+    return (max(min_per_action, num / den) if den else 0.0), 0.0
 
 
 @click.command("pipeline")
@@ -452,6 +472,8 @@ def _fit_runtime_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
     "--rank-gap", type=float, default=5.0, show_default=True, help="ranking checked above this gap, %"
 )
 @click.option("--no-probe", is_flag=True, help="no runtime probe on the hollow model (see the module docstring)")
+@click.option("--pin", is_flag=True,
+              help="each rank of the probe and the runs on a core of its own (run.ranks.pin_to_core; see docs/ooo.md)")
 @click.option("--passes", type=int, default=1, show_default=True,
               help="runs per configuration, all configurations once per pass; the medians are reported")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
@@ -466,6 +488,7 @@ def pipeline_command(
     steps: int,
     rank_gap: float,
     no_probe: bool,
+    pin: bool,
     passes: int,
     as_json: bool,
 ) -> None:
@@ -489,6 +512,7 @@ def pipeline_command(
         schedules=scheds,
         rate_mbit=rate,
         delay_ms=delay,
+        pin=pin,
     )
     check_case(case)
     err = Console(stderr=True)
