@@ -89,8 +89,9 @@ def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> N
     # the loop's speed at profile time: three readings around the profile (the fastest is the reference)
     assert all(len(v) == 3 and min(v) > 0 for v in out["profile_time_loop_ms"].values())
     # posting on a busy host: calibrated, never negative, part of the link's host time per message (the
-    # ranks unpinned, the default; the probe's correction never takes the rest below 0)
-    assert 0.0 <= out["link"]["busy_post_us"] <= out["link"]["cpu_us"] and run["config"]["pinned"] is False
+    # ranks unpinned, the default; the probe's correction never takes the rest below 0; busy_post_us is
+    # rounded to 0.1 us)
+    assert 0.0 <= out["link"]["busy_post_us"] <= out["link"]["cpu_us"] + 0.05 and run["config"]["pinned"] is False
     # what posting one send and one receive took in the run, per rank (medians of the passes)
     assert len(run["post_us"]) == 2 and all(set(r) <= {"send", "recv", "send+recv"} and r for r in run["post_us"])
     assert all(v > 0 for r in run["post_us"] for v in r.values())
