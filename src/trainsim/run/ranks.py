@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import IO, Any
 
@@ -230,6 +230,13 @@ def pin_to_core(rank: int) -> str | None:
     except (OSError, AttributeError, ValueError) as exc:
         return str(exc)
     return None
+
+
+def pin_refused_note(errors: Iterable[str | None]) -> str | None:
+    """One line for a run's notes when ranks asked to pin (``pin_to_core``) could not: the distinct
+    reasons; ``None`` when every rank pinned or none was asked to."""
+    refused = sorted({e for e in errors if e})
+    return f"pinning the ranks to cores refused ({'; '.join(refused)}): those ranks ran unpinned" if refused else None
 
 
 def init_gloo(rank: int, world_size: int, master: str, port: int, timeout_s: float, *, pin: bool = False) -> str | None:

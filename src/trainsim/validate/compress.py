@@ -235,6 +235,7 @@ def run_harness(
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.compress.secopa import Plan
     from trainsim.models.zoo import build
+    from trainsim.run.ranks import pin_refused_note
     from trainsim.transform.compression import CodecCost, CompressConfig
     from trainsim.validate.dp import _profile, interleaved_corun, median_of_passes
     from trainsim.validate.launch import launch
@@ -331,8 +332,9 @@ def run_harness(
                         pred = _predict_ms(profiled[c.model].at_host_speed(interleaved_corun(data["corun_marks"])), *what)
                         res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
                                         bool(data.get("params_in_sync", True)))  # fmt: skip
-                        if pin and data.get("pin_error") and not any("pinning" in n for n in notes):
-                            notes.append(f"pinning the ranks to cores refused ({data['pin_error']}): ranks ran unpinned")
+                        note = pin_refused_note([data.get("pin_error")])
+                        if note and note not in notes:
+                            notes.append(note)
                         log(f"  predicted {res.predicted_ms:.1f} ms, measured {res.measured_ms:.1f} ms, "
                             f"error {res.error_pct:+.1f}%")  # fmt: skip
                         runs[i].append(res)

@@ -34,14 +34,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import free_port
+from trainsim.run.ranks import free_port, pin_refused_note
 from trainsim.validate import progress_log
 
 SCHEDULE_SET: tuple[tuple[str, int], ...] = (
@@ -268,9 +268,9 @@ def run_pipeline_validation(
                     log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), its steps in segments between "
                         "readings of the host's speed")  # fmt: skip
                     res = run_pipeline(run_cfg, popen=popen, master=master, port=free_port())
-                    refused = {r["pin_error"] for r in res["ranks"] if r.get("pin_error")}
-                    if case.pin and refused and not any("pinning" in n for n in notes):
-                        notes.append(f"pinning the ranks to cores refused ({'; '.join(sorted(refused))}): ranks ran unpinned")
+                    note = pin_refused_note(r.get("pin_error") for r in res["ranks"])
+                    if note and note not in notes:
+                        notes.append(note)
                     row["passes_ms"].append(round(res["step_ms"], 3))
                     row.setdefault("passes_median_ms", []).append(round(res["step_median_ms"], 3))
                     row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
@@ -438,7 +438,7 @@ def _probe_p2p_overhead_us(
     return per_msg, per_step
 
 
-def _fit_runtime_cost(points: Sequence[tuple[float, float]], min_per_action: float = 0.0) -> tuple[float, float]:
+def _fit_runtime_cost(points: list[tuple[int, float]], min_per_action: float = 0.0) -> tuple[float, float]:
     """``(per action, per step)`` µs through ``(actions, extra µs)`` points, per action >= ``min_per_action``
     (negative: the calibrated host CPU per message over-charges the runtime, at most by itself) and per
     step >= 0: the line through two points; a line through the origin where the two-point line's cost
