@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,15 +21,14 @@ def test_pin_to_core_keeps_the_process_and_later_threads_on_one_core() -> None:
     """In a child process (pinning is for good): rank r lands on core r modulo the allowed cores, and a
     thread started afterwards inherits it."""
     code = (
-        "import os, threading\n"
+        "import json, os, threading\n"
         "from trainsim.run.ranks import pin_to_core\n"
         "assert pin_to_core(3) is None\n"
         "seen = []\n"
         "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
         "t.start(); t.join()\n"
-        "print(sorted(os.sched_getaffinity(0)), seen[0])\n"
+        "print(json.dumps([sorted(os.sched_getaffinity(0)), seen[0]]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("]")
+    process, thread = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     cores = sorted(os.sched_getaffinity(0))
-    want = str([cores[3 % len(cores)]])
-    assert out[0] + "]" == want and out[1].strip() + "]" == want
+    assert process == thread == [cores[3 % len(cores)]]
