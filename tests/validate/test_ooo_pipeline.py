@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -87,7 +88,7 @@ def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> N
     # the prediction used the co-run factor measured just before; without it, it is never slower
     assert run["corun_factor"] >= 1.0 and run["predicted_no_corun_ms"] <= run["predicted_ms"] * 1.01
     # the loop's speed at profile time: three readings around the profile (the fastest is the reference)
-    assert all(len(v) == 3 and min(v) > 0 for v in out["profile_time_loop_ms"].values())
+    assert all(len(v) == 40 and min(v) > 0 for v in out["profile_time_loop_ms"].values())
     # posting on a busy host: calibrated, never negative, part of the link's host time per message (the
     # ranks unpinned, the default; the probe's correction never takes the rest below 0; busy_post_us is
     # rounded to 0.1 us)
@@ -111,6 +112,9 @@ def test_ooo_dp_validation_in_passes(capsys: pytest.CaptureFixture[str]) -> None
         assert len(r["passes_predicted_ms"]) == len(r["passes_host_reading"]) == 2
         assert r["predicted_ms"] == pytest.approx(sum(r["passes_predicted_ms"]) / 2, abs=1e-3)
         assert r["predicted_before_runs_ms"] > 0
+        # the loop's speed at profile time: one step before each of the profile's 40 timed steps
+        assert len(r["profile_time_loop_steps_ms"]) == 40
+        assert r["profile_time_loop_ms"] == pytest.approx(statistics.median(r["profile_time_loop_steps_ms"]), abs=1e-3)
         assert all(h["host_speed"] > 0 and h["corun_factor"] >= 1.0 for h in r["passes_host_reading"])
         assert r["predicted_ms"] > 0
     (s,) = out["speedups"]

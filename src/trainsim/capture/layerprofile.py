@@ -35,6 +35,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,12 +171,15 @@ def profile_layers(
     threads: int = 1,
     seed: int = 0,
     zoo: dict[str, Any] | None = None,
+    between: Callable[[int], None] | None = None,
 ) -> LayerProfile:
     """Time F, B, W and the optimizer update of every layer of zoo ``model`` at each batch size.
 
     ``reps`` steps with the fused backward and ``reps`` with the split one, alternating.
 
-    ``zoo`` holds extra ``ZooSpec`` fields (e.g. ``{"blocks": 4}``).
+    ``zoo`` holds extra ``ZooSpec`` fields (e.g. ``{"blocks": 4}``). ``between(batch_size)`` runs before
+    each timed step, on the profile's thread count: to time something else in step with the profile
+    (the plain loop that a validation's runs are compared with, ``validate.pipeline.profile_with_reference``).
     """
     import torch
     from torch import nn
@@ -208,6 +212,8 @@ def profile_layers(
             out_bytes = [0] * len(layers)
             for rep in range(warmup + 2 * reps):
                 keep = rep >= warmup
+                if keep and between is not None:
+                    between(bs)
                 x, y = batches(rep)
                 tapes: list[LayerTape] = []
                 h = x

@@ -235,11 +235,10 @@ def run_ooo_validation(
     """Profile, calibrate, predict and measure each case: DDP order and reverse first-k with the
     ``trainsim.run.ooo_dp`` runtime, torch DDP beside them; ``passes``: every run once per pass, the
     medians over the passes reported (the speed-ups: the median of each pass's ratio)."""
-    from trainsim.capture.layerprofile import profile_layers
     from trainsim.cluster.calibrate import calibrate
     from trainsim.run.ooo_dp import DpRunConfig, check_k, run_dp
     from trainsim.transform.ooo import interpolated_terms, search_k
-    from trainsim.validate.pipeline import alone_loop_ms, host_reading
+    from trainsim.validate.pipeline import host_reading, profile_with_reference
 
     if passes < 1:
         raise UserError(f"validate ooo-dp: passes={passes}; expected >= 1")
@@ -247,16 +246,14 @@ def run_ooo_validation(
     runs: list[dict[str, Any]] = []
     speedups: list[dict[str, Any]] = []
     for case in cases:
-        # the plain loop's speed at the time of the profile: read just before it, just after it and after
-        # the link's calibration, and the fastest of the three taken (as ``validate pipeline`` does). A
-        # burst of load only ever slows a reading of a second or so, while the profile's per-layer
-        # medians over 20 repetitions pass over one; with one reading after the profile (until
-        # 2026-11-25) the transformer at 500 Mbit/s read the runs' loop at 0.56-0.70 of its speed at
-        # profile time and was predicted 10-17 % low (2026-11-24 23:30, docs/benchmarks/ooo.md)
-        refs = [alone_loop_ms(case.model, case.blocks, case.batch_size, steps=10)]
-        log(f"profiling {case.model} (one process, one thread)")
-        prof = profile_layers(case.model, batch_sizes=(case.batch_size,), reps=20, zoo=case.zoo())
-        refs.append(alone_loop_ms(case.model, case.blocks, case.batch_size, steps=10))
+        # the plain loop's speed at the time of the profile: timed in step with the profile's own steps
+        # (``validate.pipeline.profile_with_reference``), as ``validate pipeline`` does; until 2026-11-27
+        # the fastest of three readings, before the profile, after it and after the link's calibration
+        log(f"profiling {case.model} (one process, one thread), the plain loop timed in step with it")
+        prof, ref_steps = profile_with_reference(case.model, case.blocks, (case.batch_size,), reps=20, zoo=case.zoo())
+        alone_ref = statistics.median(ref_steps[case.batch_size])
+        log(f"  the plain loop alone, at profile time: {alone_ref:.1f} ms (median of {len(ref_steps[case.batch_size])} "
+            f"steps, {min(ref_steps[case.batch_size]):.1f}-{max(ref_steps[case.batch_size]):.1f})")  # fmt: skip
         rows = prof.table(case.batch_size)
         if case.k is not None:
             check_k(case.k, len(rows), case.model)
@@ -266,10 +263,6 @@ def run_ooo_validation(
             cal = calibrate(
                 world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=sizes, reps=5, net=net
             )
-            refs.append(alone_loop_ms(case.model, case.blocks, case.batch_size, steps=10))
-            alone_ref = min(refs)
-            log("  the plain loop alone, at profile time: " + f"{alone_ref:.1f} ms (readings "
-                + ", ".join(f"{r:.1f}" for r in refs) + ")")  # fmt: skip
             psizes = sorted({int(r["param_bytes"]) for r in rows if r["param_bytes"] > 0})
             log(f"timing all-reduces of {len(psizes)} sizes while both ranks train (load probe)")
             cpu_us, slowdown, probe = load_terms(case, psizes, cal, popen, master, steps=8, warmup=2)
@@ -351,7 +344,7 @@ def run_ooo_validation(
                             "passes_predicted_ms": [round(v, 3) for v in per_pass[label]],
                             "passes_host_reading": readings,
                             "profile_time_loop_ms": round(alone_ref, 3),
-                            "profile_time_loop_readings_ms": [round(r, 3) for r in refs],
+                            "profile_time_loop_steps_ms": [round(r, 3) for r in ref_steps[case.batch_size]],
                             "host_factor": round(terms[kk].factor, 3),
                             "host_extra_ms": round(terms[kk].extra_us / 1e3, 3),
                             "measured_median_ms": round(statistics.median(r["step_median_ms"] for r in rs), 3),

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -153,7 +154,7 @@ def run_pipeline_validation(
     pass; its prediction and its measurement are the medians over its passes."""
     import statistics
 
-    from trainsim.capture.layerprofile import pipeline_action_overhead_us, profile_layers
+    from trainsim.capture.layerprofile import pipeline_action_overhead_us
     from trainsim.cluster.calibrate import calibrate
     from trainsim.run.pipeline import PipeRunConfig, run_pipeline
     from trainsim.transform.pipeline import Link, PipeSpec, predict_pipeline
@@ -163,29 +164,23 @@ def run_pipeline_validation(
     if passes < 1:
         raise UserError(f"passes={passes}; expected >= 1")
     micro = sorted({case.batch_size // m for m in case.microbatches})
-    # the plain loop's speed at the time of the profile, read just before it, just after it and after
-    # the runtime-overhead calibration, and the fastest of the three taken: one reading of a second
-    # or so lands on a burst of load now and then, and a burst only ever slows it, where the profile's
-    # per-layer medians over 20 repetitions pass over one (2026-11-24 08:16: one reading of 20.6 ms
-    # for microbatches of 2, against 13.5-13.8 in the runs before and after, put all 18 predictions
-    # 0.3-30 % low, while at the profile's speed they were within 13.3 %; 08:51, with the median of
-    # three: readings 16.0, 16.2 and 13.7 ms, and M = 8 and 16 predicted 8-21 % low)
-    def reading() -> dict[int, float]:
-        return {b: alone_loop_ms(case.model, case.blocks, b, steps=max(10, steps)) for b in micro}
-
-    refs = [reading()]
-    log(f"profiling {case.model} at microbatch sizes {micro} (one process, one thread)")
-    prof = profile_layers(case.model, batch_sizes=tuple(micro), reps=20, zoo=case.zoo())
-    refs.append(reading())
+    # the plain loop's speed at the time of the profile: timed in step with the profile's own steps, the
+    # median of 40 single steps at each microbatch size (``profile_with_reference``). Until 2026-11-27
+    # the fastest of three readings, before the profile, after it and after the runtime-overhead
+    # calibration, which could land on another speed than the profile's (2026-11-27 17:42: 14.3, 13.9
+    # and 12.5 ms for microbatches of 2; every M = 16 run predicted 2-17 % high)
+    log(f"profiling {case.model} at microbatch sizes {micro} (one process, one thread), the plain loop "
+        "timed in step with it")  # fmt: skip
+    prof, ref_steps = profile_with_reference(case.model, case.blocks, tuple(micro), reps=20, zoo=case.zoo())
+    alone_ref = {b: statistics.median(v) for b, v in ref_steps.items()}
     overhead = {
         m: pipeline_action_overhead_us(prof, case.batch_size // m, microbatches=m, zoo=case.zoo())
         for m in case.microbatches
     }
     log("runtime overhead per action (us): " + ", ".join(f"M={m}: {v:.0f}" for m, v in overhead.items()))
-    refs.append(reading())
-    alone_ref = {b: min(r[b] for r in refs) for b in micro}
     log("the plain loop alone, at profile time: " + ", ".join(
-        f"microbatch {b}: {v:.1f} ms (readings {', '.join(f'{r[b]:.1f}' for r in refs)})" for b, v in alone_ref.items()))  # fmt: skip
+        f"microbatch {b}: {v:.1f} ms (median of {len(ref_steps[b])} steps, {min(ref_steps[b]):.1f}-{max(ref_steps[b]):.1f})"
+        for b, v in alone_ref.items()))  # fmt: skip
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
     with emulated_link(case.rate_mbit, case.delay_ms, notes) as (net, popen, master):
@@ -322,7 +317,7 @@ def run_pipeline_validation(
         **summary(runs),
         "ranking": ranking_check(runs, rank_gap_pct),
         "notes": notes,
-        "profile_time_loop_ms": {str(b): [round(r[b], 3) for r in refs] for b in micro},
+        "profile_time_loop_ms": {str(b): [round(v, 3) for v in ref_steps[b]] for b in micro},
         "link": {"bw_gbps": link.bw_gbps, "latency_us": link.latency_us, "cpu_us": link.cpu_us,
                  "cpu_us_per_byte": link.cpu_us_per_byte, "runtime_p2p_us": probe_us, "busy_post_us": round(busy_us, 1), "runtime_step_us": round(step_us, 1)},
     }  # fmt: skip
@@ -340,6 +335,44 @@ def post_us_per_op(ranks: list[dict[str, Any]]) -> list[dict[str, float]]:
         ms, ops = r.get("p2p_ms_per_step", {}), r.get("p2p_ops_per_step", {})
         out.append({k: round(1e3 * ms["post:" + k] / n, 1) for k, n in ops.items() if n > 0})
     return out
+
+
+def profile_with_reference(
+    model: str, blocks: int, batch_sizes: tuple[int, ...], *, reps: int = 20, zoo: dict[str, Any] | None = None
+) -> tuple[Any, dict[int, list[float]]]:
+    """The per-layer profile of zoo ``model`` at each batch size (``capture.layerprofile.profile_layers``)
+    and, timed in step with it, the plain loop whose speed the runs read (``run.ranks.host_speed_round``):
+    before each of the profile's timed steps, two steps of the plain loop of the whole model (a copy,
+    the loop of ``alone_loop_ms``) on the profile's thread, the second timed. Returns the profile and
+    those step times (ms) per batch size; their median is the loop's speed at profile time. Readings
+    before and after the profile instead (the fastest of three, until 2026-11-27) could land on another
+    speed than the profile's: 14.3 and 13.9 ms before and after it, 12.5 ms a minute later, and the
+    runs predicted 2-17 % high at that batch size (docs/ooo.md, "The loop's speed at profile time")."""
+    import torch
+
+    from trainsim.capture.layerprofile import profile_layers
+    from trainsim.models.zoo import build_with_batches
+    from trainsim.run.ooo_dp import zoo_spec
+    from trainsim.run.ranks import step_starts
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    loops: dict[int, tuple[Any, Any, Any]] = {}
+    times: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    count = itertools.count()
+
+    def plain_step(bs: int) -> None:
+        if bs not in loops:
+            net, batch = build_with_batches(model, seed=1, spec=zoo_spec(model, bs, blocks))
+            opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+            step_starts(net, opt, batch, loss_fn, range(2))  # warm-up: the optimizer's state, the allocator
+            loops[bs] = (net, batch, opt)
+        net, batch, opt = loops[bs]
+        i = next(count)
+        starts = step_starts(net, opt, batch, loss_fn, range(2 * i, 2 * i + 2))
+        times[bs].append(1e3 * (time.perf_counter() - starts[1]))
+
+    prof = profile_layers(model, batch_sizes=batch_sizes, reps=reps, zoo=zoo, between=plain_step)
+    return prof, times
 
 
 def alone_loop_ms(model: str, blocks: int, micro_bs: int, *, steps: int) -> float:
