@@ -347,7 +347,7 @@ def profile_with_reference(
     those step times (ms) per batch size; their median is the loop's speed at profile time. Readings
     before and after the profile instead (the fastest of three, until 2026-11-27) could land on another
     speed than the profile's: 14.3 and 13.9 ms before and after it, 12.5 ms a minute later, and the
-    runs predicted 2-17 % high at that batch size (docs/ooo.md, "The loop's speed at profile time")."""
+    runs predicted 2-17 % high at that batch size (docs/ooo.md, "Pipeline schedules", item 9)."""
     import torch
 
     from trainsim.capture.layerprofile import profile_layers
