@@ -378,7 +378,8 @@ def profile_with_reference(
 def alone_loop_ms(model: str, blocks: int, micro_bs: int, *, steps: int) -> float:
     """Median step (ms) of the plain loop of the whole zoo ``model`` (``blocks``: transformer blocks or
     mlp depth) at batch size ``micro_bs`` in this process on one thread: the loop that a run's
-    host-speed readings time (``run.ranks.host_speed_round``), here at the time of the profile."""
+    host-speed readings time (``run.ranks.host_speed_round``), read once (``benchmarks/ooo_pipeline_compute.py``);
+    the validations time it in step with the profile instead (``profile_with_reference``)."""
     import statistics
 
     import torch
