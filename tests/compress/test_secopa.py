@@ -116,7 +116,8 @@ def test_missing_plan_file(tmp_path: Path) -> None:
 
 def test_calibrate_codec_fits_positive_slopes() -> None:
     cal = calibrate_codec("onebit", sizes=[1 << 12, 1 << 14, 1 << 16], repeats=2)
-    assert cal["enc"].a_ms >= 0 and cal["dec"].a_ms >= 0
+    assert cal["enc"].a_ms >= 0 and cal["dec"].a_ms >= 0 and cal["acc"].a_ms >= 0
+    assert len(cal["samples"]["acc_ms"]) == 3 and min(cal["samples"]["acc_ms"]) > 0
     assert cal["ratio"] == pytest.approx(1 / 32, rel=0.01)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -62,6 +64,18 @@ def test_allgather_timeline_by_hand() -> None:
     assert res.step_ms[0] * 1e3 == pytest.approx(2066.0)
     names = {out.task_name(int(t)) for t in np.flatnonzero(out.step == 0)}
     assert {"encode:bucket0", "allgather:compressed0", "decode:bucket1"} <= names
+
+
+def test_the_other_ranks_parts_are_decoded_into_the_sum_at_their_own_cost() -> None:
+    """A calibrated decode-and-add (``acc_us``, 8 us here) is charged for every part but the first:
+    the same timeline as above with decodes of 5 + 8 us instead of 2 x 5."""
+    g, params, layers = _profile()
+    cost = dataclasses.replace(_cost(), acc_us=lambda n: 8.0)
+    assert cost.sum_us(MiB, 1) == 5.0 and cost.sum_us(MiB, 3) == pytest.approx(5.0 + 2 * 8.0)
+    res = simulate(compression(g, params, layers, SHAPES, CompressConfig(algorithm="onebit"), cost, LINK))
+    assert res.step_ms[0] * 1e3 == pytest.approx(2066.0 + 3.0)
+    # summable codecs decode once: no decode-and-add
+    assert cost.sum_us(MiB, 1) == _cost().sum_us(MiB, 1)
 
 
 def test_hook_work_runs_inside_each_hook_before_its_transfer() -> None:
@@ -225,6 +239,13 @@ def test_codec_time_per_step_by_hand() -> None:
     ps = CompressConfig(algorithm="onebit", scheme="ps")
     # PS, one partition, one rank: encode, decode the one part and re-encode, decode: 10 + (5 + 10) + 5
     assert codec_us_per_step(params, SHAPES, ps, _cost(), LINK, world=1) == pytest.approx(2 * 30)
+    # with a decode-and-add of 8 us: the other rank's part costs that (all-gather, PS owner, ring hop)
+    acc = dataclasses.replace(_cost(), acc_us=lambda n: 8.0)
+    assert codec_us_per_step(params, SHAPES, cfg, acc, LINK, world=2) == pytest.approx(2 * (10 + 5 + 8))
+    assert codec_us_per_step(params, SHAPES, ps, acc, LINK, world=2) == pytest.approx(2 * (10 + (5 + 8 + 10) + 5))
+    ring = CompressConfig(algorithm="onebit", scheme="ring")
+    # ring, N = 2, one partition: one hop (encode, decode-and-add), the final encode, 2 decodes
+    assert codec_us_per_step(params, SHAPES, ring, acc, LINK, world=2) == pytest.approx(2 * ((10 + 8) + 10 + 2 * 5))
 
 
 def test_codec_cost_from_samples_fits_the_mean_of_the_processes() -> None:
@@ -233,3 +254,7 @@ def test_codec_cost_from_samples_fits_the_mean_of_the_processes() -> None:
     cost = CodecCost.from_samples("fp16", [1000, 2000], [a, b], {})
     assert cost.enc_us(1000) == pytest.approx(2000.0) and cost.enc_us(2000) == pytest.approx(4000.0)
     assert cost.dec_us(2000) == pytest.approx(1500.0) and cost.wire_bytes(1000) == 2000
+    assert cost.acc_us is None and cost.dec_add_us(2000) == pytest.approx(1500.0)  # samples without it
+    cost = CodecCost.from_samples("fp16", [1000, 2000], [{**a, "acc_ms": [0.6, 2.0]}, {**b, "acc_ms": [0.8, 2.2]}], {})
+    assert cost.dec_add_us(1000) == pytest.approx(700.0) and cost.dec_add_us(2000) == pytest.approx(2100.0)
+    assert cost.sum_us(2000, 2) == pytest.approx(1500.0 + 2100.0)

@@ -286,7 +286,10 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
 def calibrate_codec(
     algorithm: str, sizes: Sequence[int] = CAL_SIZES, repeats: int = 5, **options: Any
 ) -> dict[str, Any]:
-    """Measure encode, decode (and add, for aggregation) of ``algorithm`` at ``sizes``; fit them."""
+    """Measure encode, decode (and add, for aggregation) of ``algorithm`` at ``sizes``; fit them. Also
+    a decode that adds into its output (``decompress_into(..., accumulate=True)``, ``acc``): how the
+    synchronisation schemes sum the parts of other ranks, dearer than a plain decode plus nothing
+    (1.2-1.6x a decode for onebit at 256 Ki-4 Mi elements on this project's 2-vCPU VM)."""
     import torch
 
     from trainsim.compress import make
@@ -295,6 +298,7 @@ def calibrate_codec(
     enc: list[float] = []
     dec: list[float] = []
     add: list[float] = []
+    acc: list[float] = []
     for n in sizes:
         x = torch.randn(n)
         wire = comp.new_wire(n)
@@ -302,13 +306,15 @@ def calibrate_codec(
         enc.append(_median_ms(functools.partial(comp.compress_into, x, wire, n), repeats))
         dec.append(_median_ms(functools.partial(comp.decompress_into, wire, out, n), repeats))
         add.append(_median_ms(functools.partial(out.add_, x), repeats))
+        acc.append(_median_ms(functools.partial(comp.decompress_into, wire, out, n, accumulate=True), repeats))
     n_max = max(sizes)
     return {
         "enc": Linear.fit(sizes, enc),
         "dec": Linear.fit(sizes, dec),
         "aggr": Linear.fit(sizes, add),
+        "acc": Linear.fit(sizes, acc),
         "ratio": comp.wire_bytes(n_max) / (4 * n_max),
-        "samples": {"sizes": list(sizes), "enc_ms": enc, "dec_ms": dec, "add_ms": add},
+        "samples": {"sizes": list(sizes), "enc_ms": enc, "dec_ms": dec, "add_ms": add, "acc_ms": acc},
     }
 
 

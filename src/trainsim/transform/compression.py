@@ -16,7 +16,8 @@ tasks that ``trainsim.run.hooks.compress_hook`` really runs (see that module's n
 3. the compressed **transfer**: an all-gather of ``world x wire bytes`` (ring model of the link), or
    an all-reduce of the wire for summable codecs (fp16, bf16, random-k);
 4. **decode** (decode-and-merge of every rank's part) on the thread that completes the future:
-   ``world x sum dec(n_i)`` (summable: one decode);
+   ``sum (dec(n_i) + (world - 1) dec_add(n_i))``, a decode and then a decode that adds into the sum
+   per other rank (``CodecCost.sum_us``; summable: one decode);
 5. the optimizer waits for every bucket's decode and uncompressed all-reduce.
 
 PowerSGD: P = MQ on the main thread, a blocking all-reduce of [P, uncompressed], Q = M^T P, then an
@@ -101,6 +102,17 @@ class CodecCost:
     summable: bool
     low_rank: bool
     fits: Mapping[str, Any] = field(default_factory=dict)
+    acc_us: Callable[[int], float] | None = None
+    """a decode that adds into its output (the other ranks' parts of a sum); None: ``dec_us``"""
+
+    def dec_add_us(self, n: int) -> float:
+        """Decode a wire of ``n`` elements and add it into a sum (``decompress_into(..., accumulate=True)``)."""
+        return (self.acc_us if self.acc_us is not None else self.dec_us)(n)
+
+    def sum_us(self, n: int, parts: int) -> float:
+        """Decode ``parts`` wires of ``n`` elements into one sum, as the schemes do: the first part
+        decoded, each other one decoded and added (``dec_add_us``)."""
+        return self.dec_us(n) + max(0, parts - 1) * self.dec_add_us(n)
 
     @staticmethod
     def calibrate(
@@ -141,9 +153,10 @@ class CodecCost:
         from trainsim.compress import make
         from trainsim.compress.secopa import Linear
 
-        mean = {k: [sum(s[k][i] for s in samples) / len(samples) for i in range(len(size_list))]
-                for k in ("enc_ms", "dec_ms", "add_ms")}  # fmt: skip
+        keys = ["enc_ms", "dec_ms", "add_ms"] + (["acc_ms"] if all("acc_ms" in s for s in samples) else [])
+        mean = {k: [sum(s[k][i] for s in samples) / len(samples) for i in range(len(size_list))] for k in keys}
         enc, dec = Linear.fit(size_list, mean["enc_ms"]), Linear.fit(size_list, mean["dec_ms"])
+        acc = Linear.fit(size_list, mean["acc_ms"]) if "acc_ms" in mean else None
         comp = make(algorithm, **options)
         codec = comp.codec
         n_max = max(size_list)
@@ -157,16 +170,18 @@ class CodecCost:
                 "enc": enc,
                 "dec": dec,
                 "aggr": Linear.fit(size_list, mean["add_ms"]),
+                **({"acc": acc} if acc is not None else {}),
                 "ratio": comp.wire_bytes(n_max) / (4 * n_max),
                 "samples": mean,
             },  # fmt: skip
+            acc_us=(lambda n: 1e3 * acc(n)) if acc is not None else None,
         )
 
 
 def codec_samples(
     algorithm: str, sizes: list[int], threads: int | None, options: dict[str, Any], start_at: float = 0.0
 ) -> dict[str, list[float]]:
-    """Encode, decode and add times (ms) of ``algorithm`` at each of ``sizes`` elements in this process
+    """Encode, decode, add and decode-and-add times (ms) of ``algorithm`` at each of ``sizes`` elements in this process
     (``secopa.calibrate_codec``) with ``threads`` intra-op threads, starting at ``start_at`` (epoch s)."""
     import torch
 
@@ -181,7 +196,7 @@ def codec_samples(
     finally:
         torch.set_num_threads(old)
     samples = cal["samples"]
-    return {"enc_ms": samples["enc_ms"], "dec_ms": samples["dec_ms"], "add_ms": samples["add_ms"]}
+    return {k: samples[k] for k in ("enc_ms", "dec_ms", "add_ms", "acc_ms")}
 
 
 def _compressed(name: str, shape: Sequence[int], numel: int, cfg: CompressConfig) -> tuple[bool, int]:
@@ -204,7 +219,8 @@ def codec_us_per_step(
     link: Link, world: int,
 ) -> float:  # fmt: skip
     """The codec's CPU time (us) in one training step on one of ``world`` ranks, as ``compression``
-    charges it: encode plus ``world`` decodes per compressed gradient (one for summable codecs), or the
+    charges it: encode plus the sum of ``world`` decoded parts per compressed gradient (``CodecCost.sum_us``;
+    one decode for summable codecs), or the
     compute part of ``casync_parts`` for PS / ring. With ``world=1`` it is what a one-rank run of the
     hook spends in the codec (``trainsim.validate.compress`` subtracts it to find the hook's own cost).
     PowerSGD: its encode (both halves) and decode."""
@@ -217,7 +233,7 @@ def codec_us_per_step(
             total += casync_parts(q.numel, parts, world, cost, link, cfg.scheme)[0]
         else:
             n_dec = 1 if cost.summable or cost.low_rank else world
-            total += cost.enc_us(q.numel) + n_dec * cost.dec_us(q.numel)
+            total += cost.enc_us(q.numel) + cost.sum_us(q.numel, n_dec)
     return total
 
 
@@ -305,6 +321,7 @@ def compression(
                 continue
             enc = sum(cost.enc_us(q.numel) for q, _ in comp_items)
             dec = sum(cost.dec_us(q.numel) for q, _ in comp_items)
+            dec_sum = sum(cost.sum_us(q.numel, p) for q, _ in comp_items)  # all-gather: every rank's part
             if cost.low_rank:
                 rk = int(cfg.options.get("rank", 1))
                 p_bytes = sum(4 * rk * int(shapes[q.name][0]) for q, _ in comp_items)
@@ -322,11 +339,11 @@ def compression(
             wire = sum(cost.wire_bytes(q.numel) + 8 for q, _ in comp_items)  # + the hook's non-finite marker
             t_enc = rows.main(f"encode:bucket{b}", enc, **start)  # 2.
             if cost.summable:  # 3.
-                comm, n_dec, what = ar_us(wire), 1, "allreduce"
+                comm, decode, what = ar_us(wire), dec, "allreduce"
             else:
-                comm, n_dec, what = ag_us(wire), p, "allgather"
+                comm, decode, what = ag_us(wire), dec_sum, "allgather"
             t_comm = rows.comm(f"{what}:compressed{b}", comm, wire, after=[t_enc])
-            rows.callback(f"decode:bucket{b}", n_dec * dec, after=[t_comm], waits=opt_wait)  # 4., 5.
+            rows.callback(f"decode:bucket{b}", decode, after=[t_comm], waits=opt_wait)  # 4., 5.
     out = _apply(g, rows, cfg, p) if rows.rows else g
     if cfg.host_overhead_us > 0:  # after the new tasks: DDP's finalize waits for what the optimizer waits for
         out = with_host_overhead(out, anchors, cfg.host_overhead_us, finalize_us=cfg.finalize_us)
@@ -450,16 +467,16 @@ def casync_parts(
     latency, per_byte = p2p if p2p is not None else (link.latency_us, 1.0 / link.bytes_per_us)
     if scheme == "ps":
         part = int(numel / k)
-        enc, dec = cost.enc_us(part), cost.dec_us(part)
+        enc, dec, summed = cost.enc_us(part), cost.dec_us(part), cost.sum_us(part, n)
         owned = -(-k // n)  # partitions of the busiest owner
-        compute = k * enc + owned * (n * dec + enc) + k * dec
+        compute = k * enc + owned * (summed + enc) + k * dec
         gather, bcast = ps_phases_us(numel, k, n, cost, lines=ps_lines or ((latency, per_byte), (latency, per_byte)),
                                      duplex=duplex)  # fmt: skip
-        return compute, ps_pipeline_us(k, n, enc, dec, gather, bcast) - compute
+        return compute, ps_pipeline_us(k, n, enc, dec, gather, bcast, sum_us=summed) - compute
     if scheme == "ring":
         chunk = max(1, -(-numel // (k * n)))
         wire = cost.wire_bytes(chunk)
-        hop_compute = k * (cost.enc_us(chunk) + cost.dec_us(chunk))
+        hop_compute = k * (cost.enc_us(chunk) + cost.dec_add_us(chunk))
         hop_transfer = k * wire * per_byte * duplex + latency
         compute = (n - 1) * hop_compute + k * cost.enc_us(chunk) + k * n * cost.dec_us(chunk)
         return compute, (n - 1) * hop_transfer + allgather_us(n * wire * k, n, link)
@@ -483,16 +500,20 @@ def ps_phases_us(
     return gather, bcast
 
 
-def ps_pipeline_us(parts: int, world: int, enc_us: float, dec_us: float, gather_us: float, bcast_us: float) -> float:
+def ps_pipeline_us(
+    parts: int, world: int, enc_us: float, dec_us: float, gather_us: float, bcast_us: float,
+    sum_us: float | None = None,
+) -> float:  # fmt: skip
     """Span (us) of ``casync.ps_sync`` on one gradient of ``parts`` partitions on the busiest owner
     (which owns partitions 0, N, 2N ...), its codec on the rank's one thread and the transfers in
     issue order on the network, each partition's transfer ``1/parts`` of its phase's time: encode every
     partition, each gather issued as its encode ends; for each partition in turn, wait for its gather,
-    and if owned decode N parts and re-encode (``N dec + enc``; a partition of the other owners is
+    and if owned decode and sum N parts (``sum_us``, default ``N dec``) and re-encode (a partition of the other owners is
     summed by them at the same time) before its broadcast is issued; then wait for each broadcast and
     decode it. One partition: the serial sum of the five."""
     k = max(1, parts)
-    t_g, t_b, serve = gather_us / k, bcast_us / k, world * dec_us + enc_us
+    t_g, t_b = gather_us / k, bcast_us / k
+    serve = (world * dec_us if sum_us is None else sum_us) + enc_us
     cpu = net = 0.0
     gathered = []
     for _ in range(k):
