@@ -5,7 +5,8 @@
 Part 1, real runs (transformer, 6 blocks, batch 32, 1 Gbit/s): GPipe/1, 1F1B/1, Interleaved1F1B/2 and
 ZBVZeroBubble/2 at M = 4 and 16, each run once with two readings of the host's speed
 (``PipeRunConfig.host_rounds``). Per rank: the per-layer profile's sum over the rank's compute
-actions, scaled to the host's speed read in the run and by the run's co-run factor, against the wall
+actions, scaled to the host's speed read in the run (against the plain loop timed in step with the
+profile, ``validate.pipeline.profile_with_reference``) and by the run's co-run factor, against the wall
 time and the compute thread's CPU time inside the stages' compute calls
 (``compute_ms_per_step``); beside them the step and the time the runtime spends posting its sends and
 receives and waiting for them (``p2p_ms_per_step``).
@@ -55,15 +56,14 @@ def _profile_ms(prof: Any, spec: Any, layers: list[list[int]], micro: int, rank:
     return total / 1e3
 
 
-def real_runs(prof: Any, case: Any, log: Any) -> list[str]:
+def real_runs(prof: Any, ref: dict[int, float], case: Any, log: Any) -> list[str]:
+    """``ref``: the plain loop's step (ms) per microbatch size at profile time (``main``)."""
     from trainsim.run.pipeline import PipeRunConfig, run_pipeline
     from trainsim.run.ranks import free_port
     from trainsim.transform.pipeline import PipeSpec
     from trainsim.validate.ooo import emulated_link
-    from trainsim.validate.pipeline import HOST_ROUNDS, alone_loop_ms, host_reading
+    from trainsim.validate.pipeline import HOST_ROUNDS, host_reading
 
-    micro = sorted({case.batch_size // m for m in MICROBATCHES})
-    ref = {b: alone_loop_ms(case.model, case.blocks, b, steps=10) for b in micro}
     rows = ["| schedule | M | rank | step ms | profile x speed x co-run ms | inside the calls: wall ms | CPU ms | "
             "CPU / profile | posting transfers: wall ms | CPU ms | waiting for transfers ms |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -173,8 +173,7 @@ def order_replay(prof: Any, case: Any, log: Any) -> list[str]:
 
 
 def main() -> int:
-    from trainsim.capture.layerprofile import profile_layers
-    from trainsim.validate.pipeline import FULL
+    from trainsim.validate.pipeline import FULL, profile_with_reference
 
     head = stamp()
     t0 = time.monotonic()
@@ -184,18 +183,21 @@ def main() -> int:
 
     case = FULL
     micro = tuple(sorted({case.batch_size // m for m in MICROBATCHES}))
-    prof = profile_layers(case.model, batch_sizes=micro, reps=20, zoo=case.zoo())
+    # the loop's speed at profile time, timed in step with the profile (as ``validate pipeline``)
+    prof, loops = profile_with_reference(case.model, case.blocks, micro, reps=20, zoo=case.zoo())
+    ref = {b: statistics.median(v) for b, v in loops.items()}
     lines = [
         "## Pipeline stage computations: real 2-rank runs and one-process replays vs the profile",
         "",
         head,
         "Real runs (1 Gbit/s, one run each, 8 measured steps): the per-layer profile's sum over the rank's",
-        "compute actions, scaled to the host's speed read in the run and by its co-run factor, against the",
+        "compute actions, scaled to the host's speed read in the run (against the plain loop timed in step",
+        "with the profile) and by its co-run factor, against the",
         "wall time and the compute thread's CPU time inside the stages' compute calls, per step; then the",
         "wall and CPU time of the runtime's calls that post its sends and receives (`_batch_p2p`), and the wall",
         "time of its waits for them (`_wait_batch_p2p`), per step (`p2p_ms_per_step` of the runner).",
         "",
-        *real_runs(prof, case, log),
+        *real_runs(prof, ref, case, log),
         "",
         "One process: each rank's compute order replayed on the same stage modules, against the same",
         "actions in microbatch order, alternating.",
