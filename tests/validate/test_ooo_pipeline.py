@@ -87,7 +87,7 @@ def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> N
     assert run["predicted_ms"] == pytest.approx(sum(run["passes_predicted_ms"]) / 2, abs=1e-3)
     # the prediction used the co-run factor measured just before; without it, it is never slower
     assert run["corun_factor"] >= 1.0 and run["predicted_no_corun_ms"] <= run["predicted_ms"] * 1.01
-    # the loop's speed at profile time: three readings around the profile (the fastest is the reference)
+    # the loop's speed at profile time: one step before each of the profile's 40 timed steps
     assert all(len(v) == 40 and min(v) > 0 for v in out["profile_time_loop_ms"].values())
     # posting on a busy host: calibrated, never negative, part of the link's host time per message (the
     # ranks unpinned, the default; the probe's correction never takes the rest below 0; busy_post_us is

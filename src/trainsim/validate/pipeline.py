@@ -343,7 +343,7 @@ def profile_with_reference(
     """The per-layer profile of zoo ``model`` at each batch size (``capture.layerprofile.profile_layers``)
     and, timed in step with it, the plain loop whose speed the runs read (``run.ranks.host_speed_round``):
     before each of the profile's timed steps, two steps of the plain loop of the whole model (a copy,
-    the loop of ``alone_loop_ms``) on the profile's thread, the second timed. Returns the profile and
+    ``run.ranks.loop_marks``'s loop) on the profile's thread, the second timed. Returns the profile and
     those step times (ms) per batch size; their median is the loop's speed at profile time. Readings
     before and after the profile instead (the fastest of three, until 2026-11-27) could land on another
     speed than the profile's: 14.3 and 13.9 ms before and after it, 12.5 ms a minute later, and the
@@ -373,28 +373,6 @@ def profile_with_reference(
 
     prof = profile_layers(model, batch_sizes=batch_sizes, reps=reps, zoo=zoo, between=plain_step)
     return prof, times
-
-
-def alone_loop_ms(model: str, blocks: int, micro_bs: int, *, steps: int) -> float:
-    """Median step (ms) of the plain loop of the whole zoo ``model`` (``blocks``: transformer blocks or
-    mlp depth) at batch size ``micro_bs`` in this process on one thread: the loop that a run's
-    host-speed readings time (``run.ranks.host_speed_round``), read once (``benchmarks/ooo_pipeline_compute.py``);
-    the validations time it in step with the profile instead (``profile_with_reference``)."""
-    import statistics
-
-    import torch
-
-    from trainsim.models.zoo import build_with_batches
-    from trainsim.run.ooo_dp import zoo_spec
-    from trainsim.validate.dp_worker import loop_ms
-
-    net, batch = build_with_batches(model, seed=1, spec=zoo_spec(model, micro_bs, blocks))
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return float(statistics.median(loop_ms(net, batch, torch.nn.CrossEntropyLoss(), 0.01, 2, steps)))
-    finally:
-        torch.set_num_threads(old)
 
 
 def host_reading(runs: list[list[dict[str, Any]]]) -> tuple[float, float]:
