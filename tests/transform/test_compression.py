@@ -229,6 +229,26 @@ def test_ps_pipeline_hides_the_codec_behind_the_other_partitions() -> None:
     assert ps_pipeline_us(4, 2, 1000.0, 5.0, 4.0, 4.0) >= 4 * 1000.0 + 2 * 1010.0
 
 
+def test_ps_pipeline_charges_the_transfers_cpu_that_overlaps_the_codec() -> None:
+    """``xfer_cpu_us`` by hand, N = 2, K = 2, enc 10, dec 5, 200 us per partition per phase: encodes
+    0-10 and 10-20; gathers 10-210 and 210-410; partition 0 served 210-230; broadcasts 410-610 and
+    610-810; decodes 610-615 and 810-815 (span 815). The transfers overlap the codec by 10 (the
+    second encode), 20 (the serving), 0 and 5 (the first decode): each adds that much, at most
+    ``xfer_cpu_us``; one partition waits for every transfer and is unchanged."""
+    from trainsim.transform.compression import casync_parts, ps_pipeline_us
+
+    assert ps_pipeline_us(2, 2, 10.0, 5.0, 400.0, 400.0) == pytest.approx(815.0)
+    assert ps_pipeline_us(2, 2, 10.0, 5.0, 400.0, 400.0, xfer_cpu_us=100.0) == pytest.approx(815.0 + 10 + 20 + 5)
+    assert ps_pipeline_us(2, 2, 10.0, 5.0, 400.0, 400.0, xfer_cpu_us=8.0) == pytest.approx(815.0 + 8 + 8 + 5)
+    assert ps_pipeline_us(1, 2, 10.0, 5.0, 400.0, 400.0, xfer_cpu_us=100.0) == pytest.approx(10 + 400 + 20 + 400 + 5)
+    # through casync_parts: a line of host CPU per send or receive; none given, none charged
+    line = (50.0, 2.0 / 1024)
+    plain = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line)
+    same = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, xfer_cpu=(0.0, 0.0))
+    dear = casync_parts(MiB, 2, 2, _cost(), LINK, "ps", p2p=line, xfer_cpu=(1e6, 0.0))
+    assert same == plain and dear[0] == plain[0] and dear[1] > plain[1]
+
+
 def test_codec_time_per_step_by_hand() -> None:
     from trainsim.transform.compression import codec_us_per_step
 

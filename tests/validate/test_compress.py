@@ -68,15 +68,21 @@ def test_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[
 @pytest.mark.multiproc
 def test_hook_against_plain_ddp_in_one_process() -> None:
     """The one-rank measurement behind the hook's own overhead: both loops run in every round, the
-    hook costs time, and each round times the codec beside its steps."""
+    hook costs time, each round times the codec beside its steps, and the process says whether it
+    could be pinned."""
     import json
 
     from trainsim.validate.launch import launch
 
     cfg = {"model": "mlp", "algorithm": "onebit", "options": {}, "scheme": "allgather", "steps": 3,
-           "warmup": 1, "overhead": True, "rounds": 2}  # fmt: skip
+           "warmup": 1, "overhead": True, "rounds": 2, "pin": True}  # fmt: skip
     data = json.loads(launch(1, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None)[0].strip().splitlines()[-1])
     assert data["plain_ms"] > 0 and data["hook_ms"] > data["plain_ms"]
+    # pinned to one core, as the harness measures it (``_hook_overhead_ms``), on an OS that can
+    import os
+
+    if hasattr(os, "sched_setaffinity"):
+        assert data["pin_error"] is None
     from trainsim.compress.secopa import CAL_SIZES
 
     assert len(data["rounds"]) == 2

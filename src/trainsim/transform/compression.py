@@ -251,6 +251,7 @@ def compression(
     p2p: tuple[float, float] | None = None,
     duplex: float = 1.0,
     ps_lines: tuple[tuple[float, float], tuple[float, float]] | None = None,
+    xfer_cpu: tuple[float, float] | None = None,
 ) -> TaskGraph:
     """``g`` as one rank of a ``cfg.world``-rank DDP job whose buckets go through the compression hook.
 
@@ -258,7 +259,8 @@ def compression(
     ``allreduce_time(bytes)`` and ``allgather_time(bytes per rank)`` (e.g. a ``Calibration``'s
     ``predict_us`` and ``allgather_us``). The PS and ring schemes take ``p2p`` and ``duplex`` (see
     ``casync_parts``; e.g. ``cal.p2p_line()`` and ``cal.duplex_factor()``), PS also ``ps_lines``
-    (``cal.ps_lines()``)."""
+    (``cal.ps_lines()``) and ``xfer_cpu`` (``cal.cpu_line(p2p=True)``, for ranks that fill their host's
+    cores)."""
     if not params:
         raise UserError(
             f"{g.source}: the trace records no parameters; a compression what-if needs their sizes"
@@ -308,7 +310,7 @@ def compression(
                 start = {"after": [rows.main(f"hook:bucket{b}", own, deps=ready)]}
             if cfg.scheme != "allgather":  # PS / ring: synchronous inside the hook
                 pieces = [casync_parts(q.numel, k, p, cost, link, cfg.scheme, p2p=p2p, duplex=duplex,
-                                       ps_lines=ps_lines)
+                                       ps_lines=ps_lines, xfer_cpu=xfer_cpu)
                           for q, k in comp_items]  # fmt: skip
                 comp_us, xfer_us = sum(c for c, _ in pieces), sum(x for _, x in pieces)
                 # the codec work on the main thread, the transfers on the network (after the bucket's
@@ -440,6 +442,7 @@ def casync_parts(
     p2p: tuple[float, float] | None = None,
     duplex: float = 1.0,
     ps_lines: tuple[tuple[float, float], tuple[float, float]] | None = None,
+    xfer_cpu: tuple[float, float] | None = None,
 ) -> tuple[float, float]:
     """``(compute_us, transfer_us)`` of ``trainsim.run.casync`` PS or ring on one gradient, as that
     code runs it, on the busiest rank.
@@ -460,7 +463,9 @@ def casync_parts(
     PS runs its K partitions as a pipeline (``casync.ps_sync``: every gather issued as its partition is
     encoded, each broadcast as its partition is summed), so its codec work overlaps the transfers of
     the other partitions: ``transfer_us`` is then what the pipeline (``ps_pipeline_us``) takes beyond
-    ``compute_us``, less than the network's busy time (``ps_phases_us``) for K >= 2.
+    ``compute_us``, less than the network's busy time (``ps_phases_us``) for K >= 2. ``xfer_cpu``:
+    ``(c0 us, c1 us/byte)``, the host CPU of one send or receive of S bytes on a rank with one core
+    (``Calibration.cpu_line(p2p=True)``), which that overlap cannot hide (``ps_pipeline_us``).
     """
     k = max(1, min(parts, numel))
     n = world
@@ -472,7 +477,10 @@ def casync_parts(
         compute = k * enc + owned * (summed + enc) + k * dec
         gather, bcast = ps_phases_us(numel, k, n, cost, lines=ps_lines or ((latency, per_byte), (latency, per_byte)),
                                      duplex=duplex)  # fmt: skip
-        return compute, ps_pipeline_us(k, n, enc, dec, gather, bcast, sum_us=summed) - compute
+        c0, c1 = xfer_cpu or (0.0, 0.0)
+        span = ps_pipeline_us(k, n, enc, dec, gather, bcast, sum_us=summed,
+                              xfer_cpu_us=c0 + c1 * cost.wire_bytes(max(1, part)))  # fmt: skip
+        return compute, span - compute
     if scheme == "ring":
         chunk = max(1, -(-numel // (k * n)))
         wire = cost.wire_bytes(chunk)
@@ -502,7 +510,7 @@ def ps_phases_us(
 
 def ps_pipeline_us(
     parts: int, world: int, enc_us: float, dec_us: float, gather_us: float, bcast_us: float,
-    sum_us: float | None = None,
+    sum_us: float | None = None, xfer_cpu_us: float = 0.0,
 ) -> float:  # fmt: skip
     """Span (us) of ``casync.ps_sync`` on one gradient of ``parts`` partitions on the busiest owner
     (which owns partitions 0, N, 2N ...), its codec on the rank's one thread and the transfers in
@@ -510,27 +518,47 @@ def ps_pipeline_us(
     partition, each gather issued as its encode ends; for each partition in turn, wait for its gather,
     and if owned decode and sum N parts (``sum_us``, default ``N dec``) and re-encode (a partition of the other owners is
     summed by them at the same time) before its broadcast is issued; then wait for each broadcast and
-    decode it. One partition: the serial sum of the five."""
+    decode it. One partition: the serial sum of the five.
+
+    ``xfer_cpu_us``: the host CPU of one partition's transfer on this rank (a send or receive of one
+    wire, ``Calibration.cpu_line(p2p=True)``) where the rank has one core to itself and its codec: a
+    transfer that runs while the codec works takes up to that much of the core, and the codec's
+    chain ends that much later (the overlap's CPU, at most ``xfer_cpu_us`` per transfer, added once
+    to the span). Where the rank waits for the transfer, its CPU hides in the wait: one partition
+    is unchanged."""
     k = max(1, parts)
     t_g, t_b = gather_us / k, bcast_us / k
     serve = (world * dec_us if sum_us is None else sum_us) + enc_us
     cpu = net = 0.0
+    busy: list[tuple[float, float]] = []  # the codec's intervals on the rank's thread
+    moving: list[tuple[float, float]] = []  # the transfers' intervals
     gathered = []
     for _ in range(k):
+        busy.append((cpu, cpu + enc_us))
         cpu += enc_us
-        net = max(cpu, net) + t_g
+        start = max(cpu, net)
+        net = start + t_g
+        moving.append((start, net))
         gathered.append(net)
     ready = []
     for p in range(k):
         if p % world == 0:
-            cpu = max(cpu, gathered[p]) + serve
+            start = max(cpu, gathered[p])
+            cpu = start + serve
+            busy.append((start, cpu))
             ready.append(cpu)
         else:
             ready.append(gathered[p] + serve)
     for p in range(k):
-        net = max(net, ready[p]) + t_b
+        start = max(net, ready[p])
+        net = start + t_b
+        moving.append((start, net))
         cpu = max(cpu, net) + dec_us
-    return cpu
+        busy.append((cpu - dec_us, cpu))
+    if xfer_cpu_us <= 0 or k == 1:
+        return cpu
+    stolen = sum(min(xfer_cpu_us, sum(max(0.0, min(b1, m1) - max(b0, m0)) for b0, b1 in busy)) for m0, m1 in moving)
+    return cpu + stolen
 
 
 def _secopa_constants(cost: CodecCost, link: Link, world: int) -> Any:

@@ -143,18 +143,30 @@ HOOK_ROUNDS = 5
 """rounds of the one-process measurement of the hook's own work (``_hook_overhead_ms``)"""
 
 
-def _hook_overhead_ms(wcfg: dict[str, Any], ccfg: Any, link: Any, params: Any, shapes: dict[str, Any]) -> float:
+def _hook_overhead_ms(
+    wcfg: dict[str, Any], ccfg: Any, link: Any, params: Any, shapes: dict[str, Any]
+) -> tuple[float, str | None]:  # fmt: skip
     """The compression hook's own host work per step beyond its codec, measured in one process: a
     one-rank group runs plain DDP and DDP with the hook, step by step in turn, in ``HOOK_ROUNDS``
     rounds, each after a timing of the codec (the worker's ``overhead`` mode). Per round, the paired step
     difference less the codec time the what-if charges for one rank (``codec_us_per_step(world=1)``,
     with that round's codec timing); the median over the rounds, at least 0, is the hook's
-    bookkeeping (layouts, copies, futures, the non-finite markers)."""
+    bookkeeping (layouts, copies, futures, the non-finite markers). Returns it with why the process
+    could not be pinned (None: pinned).
+
+    The process runs on one core (``run.ranks.pin_to_core``), threads and all, as each rank of the
+    runs has one core's worth of a host its ranks fill: free to use a second core, it hid the work
+    that the hook's helper thread does beside the backward pass (every all-gather bucket's decode
+    but the last, and the bookkeeping after it), and subtracting the full codec then under-counted
+    the hook by that much: onebit 2.07-2.50 ms per step unpinned against 2.92-3.44 pinned (mlp,
+    three rounds each, 2026-11-27; top-k 1.58-3.07 against 2.11-2.62; onebit PS, whose codec runs
+    in the hook's own thread, 6.25-6.39 against 5.21-5.84)."""
     from trainsim.compress.secopa import CAL_SIZES
     from trainsim.transform.compression import CodecCost, codec_us_per_step
     from trainsim.validate.launch import launch
 
-    cfg = {**wcfg, "overhead": True, "steps": max(4, int(wcfg["steps"]) // 3), "warmup": 2, "rounds": HOOK_ROUNDS}
+    cfg = {**wcfg, "overhead": True, "steps": max(4, int(wcfg["steps"]) // 3), "warmup": 2, "rounds": HOOK_ROUNDS,
+           "pin": True}  # fmt: skip
     out = launch(1, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None, timeout_s=300)
     data = json.loads(out[0].strip().splitlines()[-1])
     # the codec as fast as it ran in that process in the same second (not at the co-run speed, nor
@@ -164,7 +176,24 @@ def _hook_overhead_ms(wcfg: dict[str, Any], ccfg: Any, link: Any, params: Any, s
     for r in data["rounds"]:
         cost = CodecCost.from_samples(ccfg.algorithm, list(CAL_SIZES), [r["codec_samples"]], dict(ccfg.options))
         own.append(r["diff_ms"] - codec_us_per_step(params, shapes, ccfg, cost, link, world=1) / 1e3)
-    return max(0.0, float(statistics.median(own)))
+    return max(0.0, float(statistics.median(own))), data.get("pin_error")
+
+
+def _calibrate_codecs(group: list[RunConfig], log: Callable[[str], None], tag: str = "") -> dict[str, Any]:
+    """Each algorithm's encode/decode among ``group``, calibrated now as the 2 ranks run it (2
+    processes at once, one thread each), keyed by ``[algorithm, options]``."""
+    from trainsim.transform.compression import CodecCost
+
+    out: dict[str, Any] = {}
+    for c in group:
+        key = json.dumps([c.algorithm, c.options], sort_keys=True)
+        if c.algorithm != "none" and key not in out:
+            log(f"calibrating {c.algorithm} encode/decode{tag} (2 processes at once, one thread each)")
+            out[key] = cost = CodecCost.calibrate(c.algorithm, concurrent=2, **c.options)
+            mi = 1 << 20
+            log(f"  per Mi elements: encode {cost.enc_us(mi) / 1e3:.2f} ms, decode {cost.dec_us(mi) / 1e3:.2f} ms, "
+                f"decode-and-add {cost.dec_add_us(mi) / 1e3:.2f} ms")  # fmt: skip
+    return out
 
 
 def _plan_file(
@@ -207,6 +236,9 @@ def _predict_ms(
         prof.graph, prof.params, prof.layers, shapes, ccfg, costs[json.dumps([c.algorithm, c.options], sort_keys=True)],
         cal.link, allreduce_time=cal.predict_us, allgather_time=cal.allgather_us, p2p=(p2p_us, p2p_us_per_byte),
         duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
+        # the 2 ranks fill this host's 2 cores: a PS partition's transfer takes its CPU from the codec
+        # it overlaps (``ps_pipeline_us``)
+        xfer_cpu=cal.cpu_line(p2p=True),
     )  # fmt: skip
     # the decodes on the future's thread: the rank's own CPU on a host whose cores the ranks fill; the
     # ranks share this host's cores, so the rank that sets the step takes every rank's helper work
@@ -236,7 +268,7 @@ def run_harness(
     from trainsim.compress.secopa import Plan
     from trainsim.models.zoo import build
     from trainsim.run.ranks import pin_refused_note
-    from trainsim.transform.compression import CodecCost, CompressConfig
+    from trainsim.transform.compression import CompressConfig
     from trainsim.validate.dp import _profile, interleaved_corun, median_of_passes
     from trainsim.validate.launch import launch
     from trainsim.validate.netns import Netns, netns_unavailable
@@ -272,14 +304,14 @@ def run_harness(
             total = max(sum(profiled[c.model].bucket_bytes) for c in group)
             sizes = sorted({*default_sizes(total), total})
             net_cm = Netns(2, rate_mbit=rate, delay_ms=delay) if reason is None else None
-            # each algorithm's encode/decode, timed again for every link: like the co-run step time, the
-            # shared host's speed drifts over the minutes a sweep takes
-            costs: dict[str, Any] = {}
-            for c in group:
-                key = json.dumps([c.algorithm, c.options], sort_keys=True)
-                if c.algorithm != "none" and key not in costs:
-                    log(f"calibrating {c.algorithm} encode/decode (2 processes at once, one thread each)")
-                    costs[key] = CodecCost.calibrate(c.algorithm, concurrent=2, **c.options)  # as the 2 ranks run
+            # each algorithm's encode/decode, timed again for every link, and again for every pass:
+            # like the co-run step time, the shared host's speed drifts over the minutes a sweep takes,
+            # and a calibration shared by the passes moves all of them: at 1 Gbit/s every onebit
+            # prediction of one run stood above the next run's in all three passes (the runs that ended
+            # 2026-11-27 23:03 and 23:27 UTC: PS 51.4-53.1 ms against 41.5-42.4, the plan 41.1-42.1 against 34.4-37.2,
+            # all-gather 34.7-34.9 against 31.0-31.4) while plain DDP's and the measured steps did
+            # not move. The plans come from the first calibration
+            costs = _calibrate_codecs(group, log)
             with net_cm if net_cm is not None else contextlib.nullcontext() as net:
                 # compressed buckets travel by all-gather: time it too, up to ~1/8 of the largest bucket
                 ag_sizes = default_sizes(max(4096, max_msg // 8))
@@ -297,7 +329,9 @@ def run_harness(
                 # ``validate dp``): the median over the passes drops a pass that a burst of load hit
                 runs: list[list[RunResult]] = [[] for _ in group]
                 hook_ms: dict[int, float] = {}  # the hook's own work, measured in the first pass
+                plans: dict[int, Path] = {}  # SeCoPa plan files, from the link's first codec calibration
                 for k in range(passes):
+                    pass_costs = costs if k == 0 else _calibrate_codecs(group, log, f" (pass {k + 1}/{passes})")
                     for i, c in enumerate(group):
                         tag = f" (pass {k + 1}/{passes})" if passes > 1 else ""
                         wcfg: dict[str, Any] = {"model": c.model, "algorithm": c.algorithm, "options": c.options,
@@ -305,19 +339,22 @@ def run_harness(
                                                 "interleave": True, "pin": pin}  # fmt: skip
                         ccfg = None
                         if c.algorithm != "none":
-                            cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
                             plan = None
                             if c.plan:
-                                path = _plan_file(c, cost, cal.link, names[c.model], shapes[c.model], wd)
-                                plan = Plan.load(path)
-                                wcfg["plan"] = str(path)
+                                if i not in plans:
+                                    cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
+                                    plans[i] = _plan_file(c, cost, cal.link, names[c.model], shapes[c.model], wd)
+                                plan = Plan.load(plans[i])
+                                wcfg["plan"] = str(plans[i])
                             ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan)
                             if i not in hook_ms:
-                                hook_ms[i] = _hook_overhead_ms(wcfg, ccfg, cal.link, profiled[c.model].params,
-                                                               shapes[c.model])  # fmt: skip
+                                hook_ms[i], refused = _hook_overhead_ms(wcfg, ccfg, cal.link, profiled[c.model].params,
+                                                                        shapes[c.model])  # fmt: skip
+                                if refused and refused not in " ".join(notes):
+                                    notes.append(f"the hook's own work was measured unpinned (pinning refused: {refused})")
                                 log(f"  the hook's own work beyond its codec: {hook_ms[i]:.2f} ms/step (one process)")
 
-                        what = (c, ccfg, costs, cal, (rate, delay), hook_ms.get(i, 0.0), shapes[c.model])
+                        what = (c, ccfg, pass_costs, cal, (rate, delay), hook_ms.get(i, 0.0), shapes[c.model])
                         # slow runs (plain DDP on a slow link: seconds per step) measure fewer steps, fast
                         # ones more; the profile-time prediction decides
                         wcfg["steps"] = measured_steps(steps, _predict_ms(profiled[c.model], *what))
@@ -484,7 +521,7 @@ def worker(cfg: dict[str, Any]) -> None:
             paired = alternating_ms(nets, batch, loss, 0.01, int(cfg["warmup"]) if k == 0 else 1, int(cfg["steps"]))
             rounds.append({**paired, "codec_samples": samples})
         medians = {k: float(statistics.median(float(r[k]) for r in rounds)) for k in ("plain_ms", "hook_ms")}
-        print(json.dumps({**medians, "rounds": rounds}), flush=True)
+        print(json.dumps({**medians, "rounds": rounds, "pin_error": pin_error}), flush=True)
         return
     plain_net = copy.deepcopy(model) if cfg.get("interleave") else None  # before DDP: the plain loop's copy
     net = wrap(model)
