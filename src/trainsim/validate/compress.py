@@ -350,8 +350,9 @@ def run_harness(
                             if i not in hook_ms:
                                 hook_ms[i], refused = _hook_overhead_ms(wcfg, ccfg, cal.link, profiled[c.model].params,
                                                                         shapes[c.model])  # fmt: skip
-                                if refused and refused not in " ".join(notes):
-                                    notes.append(f"the hook's own work was measured unpinned (pinning refused: {refused})")
+                                msg = f"the hook's own work was measured unpinned (pinning refused: {refused})"
+                                if refused and msg not in notes:
+                                    notes.append(msg)
                                 log(f"  the hook's own work beyond its codec: {hook_ms[i]:.2f} ms/step (one process)")
 
                         what = (c, ccfg, pass_costs, cal, (rate, delay), hook_ms.get(i, 0.0), shapes[c.model])
