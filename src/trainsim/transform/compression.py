@@ -555,7 +555,7 @@ def ps_pipeline_us(
         moving.append((start, net))
         cpu = max(cpu, net) + dec_us
         busy.append((cpu - dec_us, cpu))
-    if xfer_cpu_us <= 0 or k == 1:
+    if xfer_cpu_us <= 0:
         return cpu
     stolen = sum(min(xfer_cpu_us, sum(max(0.0, min(b1, m1) - max(b0, m0)) for b0, b1 in busy)) for m0, m1 in moving)
     return cpu + stolen

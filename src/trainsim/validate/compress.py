@@ -179,14 +179,19 @@ def _hook_overhead_ms(
     return max(0.0, float(statistics.median(own))), data.get("pin_error")
 
 
+def _codec_key(c: RunConfig) -> str:
+    """The key of ``c``'s codec among the calibrated costs (``_calibrate_codecs``): its algorithm and options."""
+    return json.dumps([c.algorithm, c.options], sort_keys=True)
+
+
 def _calibrate_codecs(group: list[RunConfig], log: Callable[[str], None], tag: str = "") -> dict[str, Any]:
     """Each algorithm's encode/decode among ``group``, calibrated now as the 2 ranks run it (2
-    processes at once, one thread each), keyed by ``[algorithm, options]``."""
+    processes at once, one thread each), keyed by ``_codec_key``."""
     from trainsim.transform.compression import CodecCost
 
     out: dict[str, Any] = {}
     for c in group:
-        key = json.dumps([c.algorithm, c.options], sort_keys=True)
+        key = _codec_key(c)
         if c.algorithm != "none" and key not in out:
             log(f"calibrating {c.algorithm} encode/decode{tag} (2 processes at once, one thread each)")
             out[key] = cost = CodecCost.calibrate(c.algorithm, concurrent=2, **c.options)
@@ -233,7 +238,7 @@ def _predict_ms(
                                finalize_us=prof.finalize_us(), hook_us=1e3 * hook_ms * prof.host_factor)  # fmt: skip
     p2p_us, p2p_us_per_byte = cal.p2p_line()
     g2 = compression(
-        prof.graph, prof.params, prof.layers, shapes, ccfg, costs[json.dumps([c.algorithm, c.options], sort_keys=True)],
+        prof.graph, prof.params, prof.layers, shapes, ccfg, costs[_codec_key(c)],
         cal.link, allreduce_time=cal.predict_us, allgather_time=cal.allgather_us, p2p=(p2p_us, p2p_us_per_byte),
         duplex=cal.duplex_factor(), ps_lines=cal.ps_lines(),
         # the 2 ranks fill this host's 2 cores: a PS partition's transfer takes its CPU from the codec
@@ -342,7 +347,7 @@ def run_harness(
                             plan = None
                             if c.plan:
                                 if i not in plans:
-                                    cost = costs[json.dumps([c.algorithm, c.options], sort_keys=True)]
+                                    cost = costs[_codec_key(c)]
                                     plans[i] = _plan_file(c, cost, cal.link, names[c.model], shapes[c.model], wd)
                                 plan = Plan.load(plans[i])
                                 wcfg["plan"] = str(plans[i])
