@@ -60,17 +60,19 @@ def main() -> int:
         f"-> simulator. Each configuration is predicted and run once per pass ({passes} passes, every "
         "configuration of a link once per pass, the co-run factor read during each run, its measured steps "
         "interleaved with the plain loop); the table "
-        "gives the medians over the passes, *passes* each pass's predicted / measured ms. "
+        "gives the medians over the passes, *passes* each pass's predicted / measured ms, *waiting for a core* "
+        "the ranks' training threads' run-queue wait per measured step (the larger rank's; "
+        "`run.ranks.ThreadClock`): time the emulation's shared host, not the modelled cluster, put in. "
         + ("Each rank of the measured runs on a core of its own (`--pin`, `trainsim.run.ranks.pin_to_core`; the "
            "calibrations unpinned)." if args.pin else "Ranks not pinned to cores."),
         "",
-        "| run | predicted ms | measured ms | error % | ranks in sync | passes (predicted / measured ms) |",
-        "|---|---:|---:|---:|:-:|---|",
+        "| run | predicted ms | measured ms | error % | waiting for a core ms/step | ranks in sync | passes (predicted / measured ms) |",
+        "|---|---:|---:|---:|---:|:-:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.config.label()} | {r.predicted_ms:.1f} | {r.measured_ms:.1f} | {r.error_pct:+.1f} | "
-            f"{'yes' if r.params_in_sync else 'NO'} | "
+            f"{'-' if r.run_queue_ms is None else f'{r.run_queue_ms:.1f}'} | {'yes' if r.params_in_sync else 'NO'} | "
             + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in r.passes) + " |"
         )
     lines.append(f"\nmean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%.")

@@ -72,6 +72,12 @@ def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: t
         assert sum(ops.values()) == pytest.approx(comms)
         step = sum(res["ranks"][r]["step_ms"]) / cfg.steps
         assert p2p["post"] + p2p["wait"] + sum(v for k, v in comp.items() if ":" not in k) <= step * 1.02
+        # every thread's CPU and run-queue wait per step: the compute thread's CPU covers its stage calls'
+        threads = res["ranks"][r]["threads"]
+        if threads:  # empty where the kernel keeps no schedstat
+            cpu_in_calls = sum(v for k, v in comp.items() if k.startswith("cpu:"))
+            assert threads["main"]["run_ms"] >= 0.9 * cpu_in_calls and threads["main"]["wait_ms"] >= 0
+            assert threads["main"]["run_ms"] + threads["main"]["wait_ms"] <= step * 1.05
     # microbatch losses average to the full-batch loss of the unsplit model (step 0, before any update)
     assert res["losses"][0] == pytest.approx(_plain_first_loss(3), rel=1e-5)
     # pinned: each rank on one core, rank modulo the cores this process may use; else where the OS likes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainsim.cli.main import main
+from trainsim.run.ranks import run_queue_ms
 from trainsim.validate.compress import FULL, MEASURE_S, QUICK, RunConfig, RunResult, measured_steps, summary
 
 
@@ -18,6 +19,15 @@ def test_summary_shape_matches_validate_dp() -> None:
     assert out["mean_abs_error_pct"] == 10.0 and out["max_abs_error_pct"] == 10.0
     run = out["runs"][0]
     assert {"config", "predicted_ms", "measured_ms", "error_pct"} <= set(run)
+
+
+def test_run_queue_ms_is_the_slowest_ranks_training_thread() -> None:
+    threads = ({"main": {"run_ms": 20.0, "wait_ms": 4.5}, "gloo_tcp_loop": {"run_ms": 3.0, "wait_ms": 9.0}},
+               {"main": {"run_ms": 21.0, "wait_ms": 6.25}})  # fmt: skip
+    assert run_queue_ms(threads) == 6.25  # the helper threads' own waits are not the step's
+    assert run_queue_ms(({}, {})) is None and run_queue_ms(()) is None
+    r = RunResult(RunConfig(), 10.0, 10.0, [10.0], "netns", run_queue_ms=6.25, threads=threads)
+    assert summary([r])["runs"][0]["run_queue_ms"] == 6.25 and summary([r])["runs"][0]["threads"] == list(threads)
 
 
 def test_median_of_passes_by_hand() -> None:
@@ -109,3 +119,8 @@ def test_worker_runs_compressed_ddp_pinned_or_not(pin: bool) -> None:
     cores = sorted(os.sched_getaffinity(0))
     assert data["pin_error"] is None
     assert data["cores"] == ([cores[0]] if pin else cores)  # rank 0 reports
+    # every rank's threads over the measured steps: the training thread did the compute
+    assert len(data["threads"]) == 2
+    if data["threads"][0]:  # empty where the kernel keeps no schedstat
+        assert all(t["main"]["run_ms"] > 0 and t["main"]["wait_ms"] >= 0 for t in data["threads"])
+        assert run_queue_ms(tuple(data["threads"])) is not None

@@ -32,6 +32,7 @@ from trainsim.errors import UserError
 from trainsim.run.ranks import (
     HOST_STEPS,
     Popen,
+    ThreadClock,
     host_speed_round,
     init_gloo,
     local_popen,
@@ -162,6 +163,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     step_ms: list[float] = []
     cpu_ms: list[float] = []  # process CPU time (all threads: compute and gloo's)
     main_ms: list[float] = []  # this (the compute) thread's CPU time
+    clock = ThreadClock()  # every thread's CPU and run-queue wait over the measured steps
     inside_ms: dict[str, float] = {}
     host: list[dict[str, list[float]]] = []
     if cfg.host_rounds:  # a copy of the whole model at the microbatch size, for the host's speed
@@ -194,9 +196,11 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
         p2p.clear()
         p2p_ops.clear()
         stamps = [(time.perf_counter(), time.process_time(), time.thread_time())]
+        clock.start()
         for _ in range(n):
             pipeline_step()
             stamps.append((time.perf_counter(), time.process_time(), time.thread_time()))
+        clock.stop()
         for k, v in inside.items():
             inside_ms[k] = inside_ms.get(k, 0.0) + 1e3 * v
         for k, v in p2p.items():
@@ -218,6 +222,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "compute_ms_per_step": {k: v / cfg.steps for k, v in inside_ms.items()},
                 "p2p_ms_per_step": {k: v / cfg.steps for k, v in p2p_ms.items()},
                 "p2p_ops_per_step": {k: v / cfg.steps for k, v in ops.items()},
+                "threads": clock.per_step(cfg.steps),
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
                 "host_speed": host,
                 "pinned": cfg.pin and pin_error is None,

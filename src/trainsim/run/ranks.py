@@ -232,6 +232,70 @@ def pin_to_core(rank: int) -> str | None:
     return None
 
 
+def thread_sched() -> dict[str, tuple[float, float]]:
+    """This process's threads, by ``"tid:name"`` (the main thread named ``main``): milliseconds spent
+    on a CPU and milliseconds runnable but waiting for one, since each started (Linux's
+    ``/proc/self/task/*/schedstat``); empty where the kernel does not keep them."""
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run_ns, wait_ns = f.read().split()[:2]
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = "main" if int(tid) == os.getpid() else f.read().strip()
+        except (OSError, ValueError):  # the thread ended meanwhile, or no schedstat
+            continue
+        out[f"{tid}:{name}"] = (int(run_ns) / 1e6, int(wait_ns) / 1e6)
+    return out
+
+
+class ThreadClock:
+    """CPU time and run-queue wait of a process's threads over chosen windows (``start`` / ``stop``,
+    any number), summed by thread name (``per_step``). A thread started inside a window counts whole;
+    one that ended inside it is gone from ``/proc`` and not counted (the runs' threads live throughout).
+
+    Ranks emulated on one host share its cores with each other's threads: on the 2-vCPU VM a
+    compressed-DDP rank runs ten threads (its training thread, gloo's socket loop and two work threads,
+    the hook's helper), and at 1 Gbit/s the two ranks asked for 57-60 ms of CPU per 31-33 ms step,
+    the training threads waiting 4-7 ms of it for a core (docs/compress.md, "The two ranks on two
+    cores"). A validation run reports that wait beside its step time: the part of the measurement that
+    the host's scheduler, not the modelled cluster, put there."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, tuple[float, float]] | None = None
+        self._sum: dict[str, list[float]] = {}
+
+    def start(self) -> None:
+        self._at = thread_sched()
+
+    def stop(self) -> None:
+        if self._at is None:
+            raise RuntimeError("ThreadClock.stop() without start()")
+        for key, (run, wait) in thread_sched().items():
+            run0, wait0 = self._at.get(key, (0.0, 0.0))  # a thread started inside the window: all of it
+            acc = self._sum.setdefault(key.split(":", 1)[1], [0.0, 0.0])
+            acc[0] += run - run0
+            acc[1] += wait - wait0
+        self._at = None
+
+    def per_step(self, steps: int) -> dict[str, dict[str, float]]:
+        """By thread name (threads of one name summed): ``run_ms`` and ``wait_ms`` per step over the
+        windows, ``steps`` steps in all."""
+        n = max(1, steps)
+        return {name: {"run_ms": round(run / n, 3), "wait_ms": round(wait / n, 3)} for name, (run, wait) in self._sum.items()}
+
+
+def run_queue_ms(per_rank: Sequence[dict[str, dict[str, float]]]) -> float | None:
+    """The largest of the ranks' training-thread (``main``) run-queue waits per step, from each rank's
+    ``ThreadClock.per_step``; None when no rank has one."""
+    waits = [t["main"]["wait_ms"] for t in per_rank if "main" in t]
+    return max(waits) if waits else None
+
+
 def pin_refused_note(errors: Iterable[str | None]) -> str | None:
     """One line for a run's notes when ranks asked to pin (``pin_to_core``) could not: the distinct
     reasons; ``None`` when every rank pinned or none was asked to."""

@@ -89,6 +89,12 @@ class RunResult:
     params_in_sync: bool = True
     passes: tuple[tuple[float, float], ...] = ()
     """``(predicted, measured)`` ms of each pass where there were several (``run_harness(passes=)``)"""
+    run_queue_ms: float | None = None
+    """the ranks' training threads' wait for a core, ms per measured step, the largest over the ranks
+    (``run.ranks.ThreadClock``; None where the kernel does not say): time that the emulation's shared
+    host, not the modelled cluster, put into the measurement"""
+    threads: tuple[dict[str, dict[str, float]], ...] = ()
+    """per rank, by thread name: CPU (``run_ms``) and run-queue wait (``wait_ms``) per measured step"""
 
     @property
     def error_pct(self) -> float:
@@ -103,6 +109,8 @@ class RunResult:
             "measured_steps_ms": [round(x, 3) for x in self.measured_steps_ms],
             "where": self.where,
             "params_in_sync": self.params_in_sync,
+            "run_queue_ms": None if self.run_queue_ms is None else round(self.run_queue_ms, 3),
+            "threads": list(self.threads),
             **({"passes": [{"predicted_ms": round(a, 3), "measured_ms": round(b, 3)} for a, b in self.passes]}
                if self.passes else {}),
         }  # fmt: skip
@@ -373,16 +381,22 @@ def run_harness(
                         # predicted at the host's speed during the run: the plain loop's steps between
                         # the measured ones (``validate.dp``, ``interleaved_corun``)
                         pred = _predict_ms(profiled[c.model].at_host_speed(interleaved_corun(data["corun_marks"])), *what)
+                        from trainsim.run.ranks import run_queue_ms
+
+                        threads = tuple(t or {} for t in data.get("threads", []))
                         res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
-                                        bool(data.get("params_in_sync", True)))  # fmt: skip
+                                        bool(data.get("params_in_sync", True)), run_queue_ms=run_queue_ms(threads),
+                                        threads=threads)  # fmt: skip
                         note = pin_refused_note([data.get("pin_error")])
                         if note and note not in notes:
                             notes.append(note)
+                        waited = "" if res.run_queue_ms is None else (
+                            f" (training threads waited up to {res.run_queue_ms:.1f} ms per step for a core)")
                         log(f"  predicted {res.predicted_ms:.1f} ms, measured {res.measured_ms:.1f} ms, "
-                            f"error {res.error_pct:+.1f}%")  # fmt: skip
+                            f"error {res.error_pct:+.1f}%{waited}")  # fmt: skip
                         runs[i].append(res)
                 for c, done in zip(group, runs, strict=True):
-                    res = median_of_passes(done)
+                    res = median_of_passes(done, *(["run_queue_ms"] if all(r.run_queue_ms is not None for r in done) else []))
                     if not res.params_in_sync:
                         notes.append(f"{c.label()}: ranks ended with different weights")
                     if passes > 1:
@@ -447,12 +461,11 @@ def compress_command(
         click.echo(json.dumps({**out, "notes": notes}))
         return
     table = Table(title="validate compress: predicted vs measured step time")
-    for col in ("run", "predicted ms", "measured ms", "error"):
+    for col in ("run", "predicted ms", "measured ms", "error", "waiting for a core ms/step"):
         table.add_column(col, justify="left" if col == "run" else "right")
     for r in results:
-        table.add_row(
-            r.config.label(), f"{r.predicted_ms:.1f}", f"{r.measured_ms:.1f}", f"{r.error_pct:+.1f}%"
-        )
+        wait = "-" if r.run_queue_ms is None else f"{r.run_queue_ms:.1f}"
+        table.add_row(r.config.label(), f"{r.predicted_ms:.1f}", f"{r.measured_ms:.1f}", f"{r.error_pct:+.1f}%", wait)
     Console().print(table)
     click.echo(f"mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%")
 
@@ -469,7 +482,7 @@ def worker(cfg: dict[str, Any]) -> None:
 
     from trainsim.models.zoo import ZooSpec, build_with_batches
     from trainsim.run.hooks import CompressionState, hook_for
-    from trainsim.run.ranks import pin_to_core
+    from trainsim.run.ranks import ThreadClock, pin_to_core
     from trainsim.validate.dp_worker import alternating_ms, interleaved
 
     torch.set_num_threads(1)
@@ -535,14 +548,19 @@ def worker(cfg: dict[str, Any]) -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     warmup, steps = int(cfg["warmup"]), int(cfg["steps"])
     diag: dict[str, list[Any]] = {"cpu_ms": [], "main_thread_cpu_ms": [], "backward_ms": [], "forward_ms": []}
+    clock = ThreadClock()  # every thread's CPU and run-queue wait over the measured steps
 
     def segment(w: int, n: int, first: int) -> list[float]:
         """``w + n + 1`` steps numbered from ``first``; their starts (the last ``n`` steps' host figures
         go to ``diag``)."""
         starts, cpu, main_cpu, bwd, fwd = [], [], [], [], []
         for step in range(first, first + w + n + 1):
-            if trace is not None and step == first + w:
-                trace.clear()
+            if step == first + w:
+                clock.start()
+                if trace is not None:
+                    trace.clear()
+            elif step == first + w + n:
+                clock.stop()
             starts.append(time.perf_counter())
             cpu.append(time.process_time())
             main_cpu.append(time.thread_time())
@@ -581,9 +599,11 @@ def worker(cfg: dict[str, Any]) -> None:
     both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
+    threads: list[Any] = [None] * dist.get_world_size()  # per rank, by thread name: run and wait ms per step
+    dist.all_gather_object(threads, clock.per_step(steps))
     if rank == 0 or trace is not None:  # traced: every rank's timeline (its own stdout)
         print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag, "pin_error": pin_error,
-                          "cores": sorted(os.sched_getaffinity(0)), **extra}), flush=True)  # fmt: skip
+                          "cores": sorted(os.sched_getaffinity(0)), "threads": threads, **extra}), flush=True)  # fmt: skip
     dist.barrier()
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import click
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import free_port, pin_refused_note
+from trainsim.run.ranks import free_port, pin_refused_note, run_queue_ms
 from trainsim.validate import progress_log
 
 SCHEDULE_SET: tuple[tuple[str, int], ...] = (
@@ -272,7 +272,10 @@ def run_pipeline_validation(
                     alone, together = host_reading([res["ranks"]])
                     row.setdefault("passes_run_reading_ms", []).append([round(alone, 3), round(together, 3)])
                     row.setdefault("passes_post_us", []).append(post_us_per_op(res["ranks"]))
-                    log(f"  measured {res['step_ms']:.1f} ms; the loop alone {alone:.1f} ms, together {together:.1f} ms")
+                    waited = run_queue_ms([r.get("threads", {}) for r in res["ranks"]])
+                    row.setdefault("passes_run_queue_ms", []).append(None if waited is None else round(waited, 3))
+                    log(f"  measured {res['step_ms']:.1f} ms; the loop alone {alone:.1f} ms, together {together:.1f} ms"
+                        + ("" if waited is None else f"; compute threads waited up to {waited:.1f} ms per step for a core"))
                     done.append((spec, row, res))
                 # the readings of every run of this M in this pass, pooled: one run's few plain steps are
                 # at the mercy of a second's load (a single run's co-run factor read 1.49 while that run
@@ -309,6 +312,8 @@ def run_pipeline_validation(
             row["predicted_profile_speed_ms"] = round(statistics.median(row["passes_profile_speed_ms"]), 3)
             row["measured_median_ms"] = statistics.median(row.pop("passes_median_ms"))
             row["measured_min_ms"] = min(row.pop("passes_min_ms"))
+            waits = [w for w in row["passes_run_queue_ms"] if w is not None]
+            row["run_queue_ms"] = round(statistics.median(waits), 3) if waits else None
             row["post_us"] = [{k: round(statistics.median(p[r][k] for p in row["passes_post_us"] if k in p[r]), 1)
                                for k in sorted({k for p in row["passes_post_us"] for k in p[r]})}
                               for r in range(len(row["passes_post_us"][0]))]  # fmt: skip
