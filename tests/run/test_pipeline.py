@@ -24,6 +24,8 @@ def test_bad_input_is_refused_before_any_process() -> None:
         PipeRunConfig(split=(2, 2), blocks=2)
     with pytest.raises(UserError, match="only 5 layers"):
         PipeRunConfig(schedule="Interleaved1F1B", stages_per_rank=4, microbatches=8, blocks=2)
+    with pytest.raises(UserError, match="comm_nice=20; expected a nice value from 0 to 19"):
+        PipeRunConfig(comm_nice=20)
 
 
 def _plain_first_loss(blocks: int) -> float:
@@ -40,12 +42,16 @@ def _plain_first_loss(blocks: int) -> float:
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
-    "schedule,spr,split,pin",
-    [("1F1B", 1, (3, 3), False), ("ZBVZeroBubble", 2, (2, 1, 1, 2), True), ("Interleaved1F1B", 2, (2, 1, 1, 2), False)],
+    "schedule,spr,split,pin,nice",
+    [("1F1B", 1, (3, 3), False, 0), ("ZBVZeroBubble", 2, (2, 1, 1, 2), True, 0),
+     ("Interleaved1F1B", 2, (2, 1, 1, 2), False, 10)],
 )
-def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: tuple[int, ...], pin: bool) -> None:
+def test_real_run_executes_the_simulated_order(
+    schedule: str, spr: int, split: tuple[int, ...], pin: bool, nice: int
+) -> None:  # fmt: skip
     cfg = PipeRunConfig(
         pin=pin,
+        comm_nice=nice,
         model="transformer",
         blocks=3,
         schedule=schedule,
@@ -84,6 +90,8 @@ def test_real_run_executes_the_simulated_order(schedule: str, spr: int, split: t
     cores = sorted(os.sched_getaffinity(0))
     for r, rank in enumerate(res["ranks"]):
         assert rank["pinned"] is pin and rank["pin_error"] is None
+        # with comm_nice, gloo's socket loop (one per rank here) was reniced; else left alone
+        assert rank["comm_nice_error"] is None and (rank["comm_threads_reniced"] >= 1 if nice else rank["comm_threads_reniced"] == 0)
         assert rank["cores"] == ([cores[r % len(cores)]] if pin else cores)
 
 

@@ -30,12 +30,14 @@ from typing import Any
 
 from trainsim.errors import UserError
 from trainsim.run.ranks import (
+    COMM_THREAD_PREFIX,
     HOST_STEPS,
     Popen,
     ThreadClock,
     host_speed_round,
     init_gloo,
     local_popen,
+    renice_threads,
     run_workers,
     segments,
     slowest_rank_steps,
@@ -70,6 +72,10 @@ class PipeRunConfig:
     """the zoo's hollow transformer (``ZooSpec.hollow``): the runtime's own costs, almost no compute"""
     pin: bool = False
     """each rank on one core of its own (``run.ranks.pin_to_core``): ranks emulated on one host"""
+    comm_nice: int = 0
+    """nice value for gloo's socket-loop thread of each rank (``run.ranks.renice_threads``), 0-19; 0:
+    left as started. Emulation only: a lower priority keeps that thread's polling, when it cannot take
+    a pair's lock, off the core of the training thread that holds the lock"""
     host_rounds: int = 0
     """readings of the host's speed during the run (``run.ranks.host_speed_round`` on a copy of the
     whole model at the microbatch size), each before a segment of the measured steps; 0: none"""
@@ -78,6 +84,8 @@ class PipeRunConfig:
         object.__setattr__(self, "split", tuple(self.split))
         if self.hollow and self.model != "transformer":
             raise UserError(f"hollow=True needs the transformer; got model {self.model!r}")
+        if not 0 <= self.comm_nice <= 19:
+            raise UserError(f"comm_nice={self.comm_nice}; expected a nice value from 0 to 19")
         if self.batch_size < 1 or self.steps < 1 or self.warmup < 0 or self.host_rounds < 0:
             raise UserError(
                 f"batch_size={self.batch_size}, steps={self.steps}, warmup={self.warmup}, "
@@ -143,6 +151,8 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
 
     spec = cfg.pipe_spec()
     pin_error = init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s, pin=cfg.pin)
+    # gloo started its socket loop when the group formed
+    reniced, nice_error = renice_threads(COMM_THREAD_PREFIX, cfg.comm_nice) if cfg.comm_nice else (0, None)
     model, batches = build_with_batches(cfg.model, seed=cfg.seed, spec=cfg.zoo_spec())
     children = list(model.children())
     s2r = spec.stage_to_rank()
@@ -227,6 +237,8 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "host_speed": host,
                 "pinned": cfg.pin and pin_error is None,
                 "pin_error": pin_error,
+                "comm_threads_reniced": reniced,
+                "comm_nice_error": nice_error,
                 "cores": sorted(os.sched_getaffinity(0)),
             }
         )

@@ -289,6 +289,41 @@ class ThreadClock:
         return {name: {"run_ms": round(run / n, 3), "wait_ms": round(wait / n, 3)} for name, (run, wait) in self._sum.items()}
 
 
+COMM_THREAD_PREFIX = "gloo_tcp"
+"""the name gloo gives its socket-loop thread (``gloo_tcp_loop``)"""
+
+
+def renice_threads(prefix: str, nice: int) -> tuple[int, str | None]:
+    """Give this process's threads whose name starts with ``prefix`` the nice value ``nice`` (Linux
+    takes a thread id in ``setpriority``). Returns how many were set and why the others were not
+    (``None``: no failure).
+
+    Why (``PipeRunConfig.comm_nice``): gloo's socket loop, woken by data for a pair whose lock another
+    thread holds, skips the event and polls again at once (``Pair::handleEvents`` takes the lock with
+    ``try_to_lock``, the socket stays readable). On a host with spare cores that lasts microseconds;
+    on the 2-vCPU VM, where the rank posting a receive holds the lock and both cores are taken by the
+    spinning loop and the other rank's computation, it lasted a scheduler slice: GPipe's first rank
+    spent 24-31 ms of its socket loop's CPU per step at M = 16 (other schedules 2-7 ms) and its
+    training thread waited 18-34 ms per step for a core (docs/ooo.md, "The socket loop's spin")."""
+    done, errors = 0, set()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError as exc:
+        return 0, str(exc)
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith(prefix):
+                    continue
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            done += 1
+        except OSError as exc:
+            errors.add(str(exc))
+    if not done and not errors:
+        errors.add(f"no thread named {prefix}*")
+    return done, "; ".join(sorted(errors)) or None
+
+
 def run_queue_ms(per_rank: Sequence[dict[str, dict[str, float]]]) -> float | None:
     """The largest of the ranks' training-thread (``main``) run-queue waits per step, from each rank's
     ``ThreadClock.per_step``; None when no rank has one."""

@@ -72,6 +72,9 @@ class PipeCase:
     """each rank on a core of its own in the runtime probe and the measured runs (``run.ranks.pin_to_core``;
     the calibration unpinned). Off by default: pinned, the predictions came out 4-6 % high on average
     and up to 15 % (docs/ooo.md, "One core per rank")."""
+    comm_nice: int = 0
+    """nice value of every rank's gloo socket-loop thread in the runtime probe and the measured runs
+    (``PipeRunConfig.comm_nice``); 0: as gloo starts it (docs/ooo.md, "The socket loop's spin")"""
 
     def zoo(self) -> dict[str, int]:
         return (
@@ -251,21 +254,25 @@ def run_pipeline_validation(
                                 "rate_mbit": case.rate_mbit,
                                 "delay_ms": case.delay_ms,
                                 "pinned": case.pin,
+                                "comm_nice": case.comm_nice,
                             },
                             "passes_ms": [],
                             "action_overhead_us": round(overhead[m], 1),
                         }
                         run_cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
                                                 batch_size=case.batch_size, split=sizes, blocks=case.blocks, steps=steps,
-                                                warmup=warmup, host_rounds=HOST_ROUNDS, pin=case.pin)  # fmt: skip
+                                                warmup=warmup, host_rounds=HOST_ROUNDS, pin=case.pin,
+                                                comm_nice=case.comm_nice)  # fmt: skip
                         rows[key] = (row, run_cfg)
                     row, run_cfg = rows[key]
                     log(f"running {name}/{spr} M={m} (pass {k + 1}/{passes}), its steps in segments between "
                         "readings of the host's speed")  # fmt: skip
                     res = run_pipeline(run_cfg, popen=popen, master=master, port=free_port())
-                    note = pin_refused_note(r.get("pin_error") for r in res["ranks"])
-                    if note and note not in notes:
-                        notes.append(note)
+                    refused = sorted({r["comm_nice_error"] for r in res["ranks"] if r.get("comm_nice_error")})
+                    for note in (pin_refused_note(r.get("pin_error") for r in res["ranks"]),
+                                 f"the socket loops' nice value refused ({'; '.join(refused)})" if refused else None):  # fmt: skip
+                        if note and note not in notes:
+                            notes.append(note)
                     row["passes_ms"].append(round(res["step_ms"], 3))
                     row.setdefault("passes_median_ms", []).append(round(res["step_median_ms"], 3))
                     row.setdefault("passes_min_ms", []).append(round(res["step_min_ms"], 3))
@@ -440,7 +447,7 @@ def _probe_p2p_overhead_us(
         pred = predict_pipeline(hollow, spec, batch_size=case.batch_size, link=link, split=split, slowdown=slowdown).step_ms
         cfg = PipeRunConfig(model=case.model, schedule=name, stages_per_rank=spr, microbatches=m,
                             batch_size=case.batch_size, split=tuple(split), blocks=case.blocks, steps=steps,
-                            warmup=warmup, hollow=True, pin=case.pin)  # fmt: skip
+                            warmup=warmup, hollow=True, pin=case.pin, comm_nice=case.comm_nice)  # fmt: skip
         # a single run of the hollow model moved by 20 % between probes minutes apart (56.6 and 67.0 ms
         # at M = 16), and every message of every prediction inherits it: the median of a few runs
         runs = [run_pipeline(cfg, popen=popen, master=master, port=free_port())["step_ms"]
@@ -491,6 +498,8 @@ def _fit_runtime_cost(points: list[tuple[int, float]], min_per_action: float = 0
 @click.option("--no-probe", is_flag=True, help="no runtime probe on the hollow model (see the module docstring)")
 @click.option("--pin", is_flag=True,
               help="each rank of the probe and the runs on a core of its own (run.ranks.pin_to_core; see docs/ooo.md)")
+@click.option("--comm-nice", type=click.IntRange(0, 19), default=0, show_default=True,
+              help="nice value of each rank's gloo socket-loop thread (emulation only; see docs/ooo.md)")
 @click.option("--passes", type=int, default=1, show_default=True,
               help="runs per configuration, all configurations once per pass; the medians are reported")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
@@ -506,6 +515,7 @@ def pipeline_command(
     rank_gap: float,
     no_probe: bool,
     pin: bool,
+    comm_nice: int,
     passes: int,
     as_json: bool,
 ) -> None:
@@ -530,6 +540,7 @@ def pipeline_command(
         rate_mbit=rate,
         delay_ms=delay,
         pin=pin,
+        comm_nice=comm_nice,
     )
     check_case(case)
     err = Console(stderr=True)
