@@ -280,7 +280,7 @@ def run_harness(
     from trainsim.cluster.calibrate import calibrate, default_sizes
     from trainsim.compress.secopa import Plan
     from trainsim.models.zoo import build
-    from trainsim.run.ranks import pin_refused_note
+    from trainsim.run.ranks import pin_refused_note, run_queue_ms
     from trainsim.transform.compression import CompressConfig
     from trainsim.validate.dp import _profile, interleaved_corun, median_of_passes
     from trainsim.validate.launch import launch
@@ -381,8 +381,6 @@ def run_harness(
                         # predicted at the host's speed during the run: the plain loop's steps between
                         # the measured ones (``validate.dp``, ``interleaved_corun``)
                         pred = _predict_ms(profiled[c.model].at_host_speed(interleaved_corun(data["corun_marks"])), *what)
-                        from trainsim.run.ranks import run_queue_ms
-
                         threads = tuple(t or {} for t in data.get("threads", []))
                         res = RunResult(c, pred, float(statistics.median(meas)), meas, cal.where,
                                         bool(data.get("params_in_sync", True)), run_queue_ms=run_queue_ms(threads),
