@@ -232,24 +232,36 @@ def pin_to_core(rank: int) -> str | None:
     return None
 
 
+def _thread_names() -> dict[int, str]:
+    """This process's threads by id: the name the kernel gives each (``/proc/self/task/*/comm``); a
+    thread that ends while they are read is left out. Raises ``OSError`` where there is no
+    ``/proc/self/task``."""
+    out: dict[int, str] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out[int(tid)] = f.read().strip()
+        except OSError:
+            continue
+    return out
+
+
 def thread_sched() -> dict[str, tuple[float, float]]:
     """This process's threads, by ``"tid:name"`` (the main thread named ``main``): milliseconds spent
     on a CPU and milliseconds runnable but waiting for one, since each started (Linux's
     ``/proc/self/task/*/schedstat``); empty where the kernel does not keep them."""
     out: dict[str, tuple[float, float]] = {}
     try:
-        tids = os.listdir("/proc/self/task")
+        names = _thread_names()
     except OSError:
         return out
-    for tid in tids:
+    for tid, name in names.items():
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 run_ns, wait_ns = f.read().split()[:2]
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = "main" if int(tid) == os.getpid() else f.read().strip()
         except (OSError, ValueError):  # the thread ended meanwhile, or no schedstat
             continue
-        out[f"{tid}:{name}"] = (int(run_ns) / 1e6, int(wait_ns) / 1e6)
+        out[f"{tid}:{'main' if tid == os.getpid() else name}"] = (int(run_ns) / 1e6, int(wait_ns) / 1e6)
     return out
 
 
@@ -307,15 +319,14 @@ def renice_threads(prefix: str, nice: int) -> tuple[int, str | None]:
     training thread waited 18-34 ms per step for a core (docs/ooo.md, "The socket loop's spin")."""
     done, errors = 0, set()
     try:
-        tids = os.listdir("/proc/self/task")
+        names = _thread_names()
     except OSError as exc:
         return 0, str(exc)
-    for tid in tids:
+    for tid, name in names.items():
+        if not name.startswith(prefix):
+            continue
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if not f.read().startswith(prefix):
-                    continue
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
             done += 1
         except OSError as exc:
             errors.add(str(exc))
