@@ -40,6 +40,7 @@ def test_replay_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert code == 0
     doc = json.loads(out)
     assert {"steps", "measured_ms", "simulated_ms", "tasks"} <= doc.keys()
+    assert all(ms >= 0 for ms in doc["kept_fixed_ms_per_step"].values())
     assert [s["step"] for s in doc["steps"]] == [0, 1, 2]
     for s in doc["steps"]:
         assert s["measured_ms"] == pytest.approx(0.9)
@@ -93,8 +94,13 @@ def test_bad_input_exit_code_2_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_whatif_scaled_to_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every task scaled to 0: the table says the speed-up is unbounded (it was a TypeError on None)."""
-    code, out, err = _run(["whatif", str(_trace(tmp_path)), "--scale", "name:=0"], capsys)
+    """Every task scaled to 0: the table says the speed-up is unbounded (it was a TypeError on None).
+
+    A CPU trace: on a GPU one the launch latencies (edge lags, not tasks) would remain."""
+    t = TraceMaker()
+    t.step(0, 0, 100)
+    t.cpu("aten::linear", 10, 50)
+    code, out, err = _run(["whatif", str(t.write(tmp_path / "cpu.json")), "--scale", "name:=0"], capsys)
     assert code == 0, err
     assert "predicted speed-up: unbounded" in out
 

@@ -7,15 +7,17 @@ import pytest
 from trainsim.cli.main import COMMANDS, main
 
 EXPECTED = {
-    "bench-sim", "calibrate", "compress-bench", "demo", "estimate", "ooo", "plan", "profile", "replay", "scaleout",
+    "bench-sim", "calibrate", "compress-bench", "demo", "estimate", "goodput", "ooo", "plan", "profile", "replay", "scaleout",
     "secopa", "validate", "whatif",
 }  # fmt: skip
-EXPECTED_VALIDATE = {"compress", "dp", "multistream", "ooo-dp", "pipeline"}
+EXPECTED_VALIDATE = {"compress", "dp", "multistream", "ooo-dp", "pipeline", "whatif"}
 EXPECTED_WHATIF_FLAGS = {
-    "--amp", "--fused-optimizer", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
+    "--amp", "--fused-optimizer", "--batch-scale", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
     "--plan", "--scheme", "--world", "--rate", "--json", "--timeline", "--force", "--device", "--from-device",
     "--dtype", "--network-cluster", "--from-cluster", "--network-bw", "--network-latency-us",
 }  # fmt: skip
+
+EXPECTED_REPLAY_FLAGS = {"--json", "--timeline", "--no-straggler", "--force"}
 
 
 def test_command_set_is_pinned() -> None:
@@ -30,6 +32,12 @@ def test_whatif_flags_are_pinned() -> None:
 
     flags = {o for p in whatif.params for o in p.opts if o.startswith("--")}
     assert flags == EXPECTED_WHATIF_FLAGS
+
+
+def test_replay_flags_are_pinned() -> None:
+    from trainsim.cli.core import replay
+
+    assert {o for p in replay.params for o in p.opts if o.startswith("--")} == EXPECTED_REPLAY_FLAGS
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_VALIDATE))

@@ -67,6 +67,22 @@ def test_priority_policy_picks_smallest_priority_among_ready() -> None:
     assert prio.start_us[comms].tolist() == [10, 210, 110]
 
 
+def test_edge_lag_delays_the_destination_in_both_loops() -> None:
+    """A lagged input is not there until its lag has passed: a PRIORITY resource runs what is ready now."""
+    b = GraphBuilder()
+    cpu = b.resource("cpu", ResourceKind.CPU_THREAD)
+    net = b.resource("net", ResourceKind.COMM_CHANNEL)
+    a = b.task("a", TaskKind.CPU, cpu, 10)
+    late = b.task("late", TaskKind.COMM, net, 5, priority=-1)  # urgent, but its input arrives at 10 + 30
+    b.edge(a, late, EdgeKind.DATA, lag_us=30.0)
+    early = b.task("early", TaskKind.COMM, net, 50, priority=0, deps=[a])  # ready at 10
+    g = b.build()
+    fifo = simulate(g)
+    assert fifo.start_us[late] == 40 and fifo.start_us[early] == 45  # queue order: late first, at 10 + 30
+    prio = simulate(schedule(g, "net", Policy.PRIORITY))
+    assert prio.start_us[early] == 10 and prio.start_us[late] == 60  # early was ready first and took the channel
+
+
 def test_cycle_is_a_user_error_naming_a_task() -> None:
     b = GraphBuilder()
     r = b.resource("cpu", ResourceKind.CPU_THREAD)
@@ -96,15 +112,19 @@ def test_chrome_trace_export(tmp_path: Path) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.integers(10, 3000))
-def test_fifo_and_event_driven_replays_agree(seed: int, n: int) -> None:
-    """The longest-path fast path and the discrete-event loop give the same schedule for FIFO graphs."""
+@given(st.integers(0, 10_000), st.integers(10, 3000), st.booleans())
+def test_fifo_and_event_driven_replays_agree(seed: int, n: int, lagged: bool) -> None:
+    """The longest-path fast path and the discrete-event loop give the same schedule for FIFO graphs,
+    with or without edge lags."""
     g = synthetic_graph(n, seed)
+    if lagged:
+        rng = np.random.default_rng(seed)
+        g = g.with_columns(edge_lag_us=rng.uniform(0.0, 20.0, g.n_edges) * (rng.random(g.n_edges) < 0.5))
     p = prepare(g)
     a = simulate(g, p)
     start, end, _, done = kernels.replay_priority(
         p.dur, g.resource.astype(np.int64), p.res_ptr, p.res_queue, np.zeros(len(g.resources), np.bool_),
-        g.priority, p.out_ptr, p.out_dst, p.indeg,
+        g.priority, p.out_ptr, p.out_dst, p.out_lag, p.indeg,
     )  # fmt: skip
     assert done == g.n_tasks
     np.testing.assert_allclose(start, a.start_us)

@@ -115,18 +115,34 @@ def _fmt(x: float | None) -> str:
 
 
 @click.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", nargs=-1, required=True, type=click.Path())
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the simulated timeline (Chrome trace).")
+@click.option("--no-straggler", is_flag=True,
+              help="Several ranks: also predict the step with the slowest rank computing like the median one.")
 @FORCE_OPT
-def replay(trace: str, as_json: bool, timeline: str | None, force: bool) -> None:
-    """Replay TRACE (a Kineto .json/.json.gz) and compare simulated with measured step times."""
+def replay(trace: str | tuple[str, ...], as_json: bool, timeline: str | None, force: bool,
+           no_straggler: bool = False) -> None:  # fmt: skip
+    """Replay TRACE (a Kineto .json/.json.gz) and compare simulated with measured step times.
+
+    Several traces, or a folder of them, are the ranks of one job: replayed together, with their
+    clocks aligned at the collectives."""
+    from trainsim.graph.gpusync import fixed_wait_ms_per_step
     from trainsim.simulate.engine import simulate
 
+    paths = (trace,) if isinstance(trace, str) else tuple(trace)
     check_new_file(timeline, force, "--timeline")
+    if len(paths) > 1 or Path(paths[0]).is_dir():
+        _replay_job(paths, as_json, timeline, no_straggler)
+        return
+    if no_straggler:
+        raise UserError("replay: --no-straggler needs the ranks of a job (a folder of traces or several traces)")
+    trace = paths[0]
     g = _load(trace)
     res = simulate(g)
     out = _summary(g, res)
+    # durations kept as measured that may hide a wait the graph does not model (graph.gpusync)
+    out["kept_fixed_ms_per_step"] = fixed_wait_ms_per_step(g)
     if timeline:
         out["timeline"] = str(_safe_write(timeline, res))
     if as_json:
@@ -136,6 +152,53 @@ def replay(trace: str, as_json: bool, timeline: str | None, force: bool) -> None
     rows.append(("mean", _fmt(out["measured_ms"]), _fmt(out["simulated_ms"])))
     _print_table(f"{Path(trace).name}: {g.n_tasks} tasks", rows, ("step", "measured ms", "simulated ms"))
     _print_breakdown(out)
+    fixed = out["kept_fixed_ms_per_step"]
+    why = ", ".join(f"{k} {v:.3f}" for k, v in fixed.items() if v > 0) or "none"
+    click.echo(f"kept fixed: {sum(fixed.values()):.3f} ms/step ({why})")
+
+
+def _replay_job(paths: tuple[str, ...], as_json: bool, timeline: str | None, no_straggler: bool) -> None:
+    """``replay`` of several ranks (``graph.multirank``): the job's step, each rank's, the slowest rank."""
+    from trainsim.graph.multirank import describe_rank, job_summary, load_job
+    from trainsim.simulate.engine import simulate
+    from trainsim.transform.straggler import remove_straggler, straggler_rank
+
+    with warnings.catch_warnings(record=True) as caught, _console_err().status(f"reading {len(paths)} path(s)"):
+        warnings.simplefilter("always")
+        job = load_job(paths)
+    for w in caught:
+        click.echo(f"trainsim: warning: {w.message}", err=True)
+    g = job.graph
+    res = simulate(g)
+    out = {"trace": [r.path for r in job.ranks], "tasks": g.n_tasks, "edges": g.n_edges,
+           "resources": len(g.resources), **job_summary(job, res), "critical_path": res.critical_path_summary(top=5)}  # fmt: skip
+    if no_straggler:
+        slow = straggler_rank(g)
+        alt = job_summary(job, simulate(remove_straggler(g, slow)))
+        ms = alt["simulated_ms"]
+        out["no_straggler"] = {"rank": slow, "simulated_ms": ms, "steps": alt["steps"],
+                               "speedup": out["simulated_ms"] / ms if ms and out["simulated_ms"] else None}  # fmt: skip
+    if timeline:
+        out["timeline"] = str(_safe_write(timeline, res))
+    if as_json:
+        _emit_json(out)
+        return
+    rows = [(str(s["step"]), _fmt(s["measured_ms"]), _fmt(s["simulated_ms"]), str(s["slowest_rank"]))
+            for s in out["steps"]]  # fmt: skip
+    rows.append(("mean", _fmt(out["measured_ms"]), _fmt(out["simulated_ms"]), ""))
+    _print_table(f"{len(job.ranks)} ranks: {g.n_tasks} tasks", rows,
+                 ("step", "measured ms", "simulated ms", "slowest rank"))  # fmt: skip
+    for s in out["steps"]:
+        if s["slowest_rank"] is not None:
+            click.echo(f"step {s['step']}: slowest {describe_rank(s['slowest'], s['slowest_rank'])}")
+    offs = ", ".join(f"rank {r.rank} {r.offset_us:+.1f}" for r in job.ranks[1:])
+    click.echo(f"clock offsets to rank {job.ranks[0].rank} (us): {offs}; {job.collectives} collectives matched, "
+               f"ends agree to {job.residual_us:.1f} us (median)")  # fmt: skip
+    if no_straggler:
+        ns = out["no_straggler"]
+        gain = f" ({ns['speedup']:.3f}x)" if ns["speedup"] else ""
+        click.echo(f"without the straggler (rank {ns['rank']} computing like the median rank): "
+                   f"{_fmt(ns['simulated_ms'])} ms per step{gain}")  # fmt: skip
 
 
 def _print_breakdown(out: dict[str, Any]) -> None:
@@ -163,6 +226,9 @@ def _safe_write(path: str, res: Any) -> Path:
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--amp", is_flag=True, help="Automatic mixed precision (GEMM/conv kernels /3, others /2).")
 @click.option("--fused-optimizer", is_flag=True, help="One fused optimizer task per step.")
+@click.option("--batch-scale", type=click.FloatRange(min=0, min_open=True), default=None, metavar="F",
+              help="A batch F times larger: ops that take the batch scale, per-parameter work does not (needs the "
+                   "trace's sidecar).")  # fmt: skip
 @click.option("--scale", "scales", multiple=True, metavar="SELECTOR=FACTOR",
               help="Scale selected tasks, e.g. 'kind:kernel,name:gemm=0.5'. Repeatable.")  # fmt: skip
 @click.option("--ooo-dp", "ooo_dp", metavar="K|search",
@@ -196,7 +262,7 @@ def _safe_write(path: str, res: Any) -> Path:
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
 @FORCE_OPT
-def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...], ooo_dp: str | None,
+def whatif(trace: str, amp: bool, fused_optimizer: bool, batch_scale: float | None, scales: tuple[str, ...], ooo_dp: str | None,
            pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str | None, world: int | None,
            stages: int, microbatches: int, rate: float, dst_device: str | None, src_device: str | None, dtype: str,
            new_cluster: str | None, old_cluster: str | None, network_bw: float | None,
@@ -239,8 +305,8 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     if old_cluster is not None and new_cluster is None:
         raise UserError("whatif: --from-cluster goes with --network-cluster")
     network_scaled = network_bw is not None or network_latency_us is not None
-    if not (amp or fused_optimizer or scales or dst_device or new_cluster or network_scaled):
-        raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --scale, --device, "
+    if not (amp or fused_optimizer or batch_scale or scales or dst_device or new_cluster or network_scaled):
+        raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --batch-scale, --scale, --device, "
                         "--network-cluster, --network-bw, --network-latency-us, --ooo-dp, --pipeline, --compress")  # fmt: skip
     for s in scales:  # check the syntax before the (slower) trace load
         whatifs.parse_selector(s)
@@ -263,6 +329,10 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     if fused_optimizer:
         g2 = whatifs.fused_optimizer(g2)
         applied.append("fused-optimizer")
+    if batch_scale is not None:
+        tr, batch, shapes = whatifs.batch_context(trace)
+        g2 = whatifs.batch_scale(g2, batch_scale, trace=tr, batch_size=batch, param_shapes=shapes)
+        applied.append(f"batch x{batch_scale:g} ({batch} -> {batch * batch_scale:g} samples)")
     for s in scales:
         g2 = whatifs.scale_selected(g2, s)
         applied.append(f"scale {s}")
@@ -271,15 +341,23 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
 
         g2 = change_device(g2, src=devices[0], dst=devices[1], dtype=dtype)
         applied.append(f"device {devices[0].name} -> {devices[1].name} ({dtype})")
+    split = None
+    if (specs is not None and specs[1] is not None) or network_scaled:
+        from trainsim.graph.ir import TaskKind
+        from trainsim.transform.network import split_collectives
+
+        if ((g2.kind == TaskKind.COMM) & (g2.size_bytes >= 0)).any():  # waiting for the peers is kept
+            split = split_collectives(g2)
     if specs is not None:
         from trainsim.transform.network import retime_collectives
 
-        g2 = retime_collectives(g2, new=specs[0], old=specs[1])
+        g2 = retime_collectives(g2, new=specs[0], old=specs[1], split=split if specs[1] is not None else None)
         applied.append(f"network {new_cluster}" + (f" (recorded on {old_cluster})" if old_cluster else ""))
     if network_scaled:
         from trainsim.transform.network import scale_network
 
-        g2 = scale_network(g2, bw_factor=network_bw or 1.0, latency_add_us=network_latency_us or 0.0)
+        g2 = scale_network(g2, bw_factor=network_bw or 1.0, latency_add_us=network_latency_us or 0.0,
+                           split=split if specs is None else None)  # fmt: skip
         applied.append(f"network x{network_bw or 1.0:g} bandwidth, +{network_latency_us or 0.0:g} us")
     res = simulate(g2)
     out = _summary(g2, res)
@@ -288,6 +366,8 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     out["whatif_ms"] = res.mean_step_ms
     out["speedup"] = base.mean_step_ms / res.mean_step_ms if res.mean_step_ms > 0 else None
     out["measured_ms"] = _measured_ms(g)
+    if split is not None:
+        out["comm_split"] = split.note
     if timeline:
         out["timeline"] = str(_safe_write(timeline, res))
     if as_json:
@@ -296,6 +376,8 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, scales: tuple[str, ...]
     rows = [("measured", _fmt(out["measured_ms"])), ("simulated baseline", _fmt(out["baseline_ms"])),
             ("what-if: " + "; ".join(applied), _fmt(out["whatif_ms"]))]  # fmt: skip
     _print_table(f"{Path(trace).name}: what-if", rows, ("", "step ms"))
+    if split is not None:
+        click.echo(f"collectives: {split.note}")
     if out["speedup"] is None:  # every task of the step scaled to 0
         click.echo("predicted speed-up: unbounded (the what-if's step takes 0 ms)")
     else:

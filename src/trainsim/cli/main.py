@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "compress-bench": "trainsim.cli.compress:compress_bench",
     "demo": "trainsim.cli.core:demo",
     "estimate": "trainsim.cli.plan:estimate",
+    "goodput": "trainsim.cli.goodput:goodput",
     "ooo": "trainsim.cli.ooo:ooo",
     "plan": "trainsim.cli.plan:plan",
     "profile": "trainsim.cli.core:profile",

@@ -221,8 +221,14 @@ def _print_estimates(es: list[Any], title: str) -> None:
 @click.option("--top", "top_k", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--simulate/--no-simulate", "do_sim", default=True, show_default=True,
               help="Re-check the top plans by simulating their task graph.")
+@click.option("--goodput", "by_goodput", is_flag=True,
+              help="Rank by samples/s x goodput under failures, trying 1, 1/2, 1/4, 1/8 of the GPUs.")
+@click.option("--mtbf-gpu-hours", type=float, default=None, help="With --goodput: one GPU's MTBF, hours.")
+@click.option("--checkpoint-s", type=float, default=None, help="With --goodput: seconds to write a checkpoint.")
+@click.option("--restart-s", type=float, default=0.0, show_default=True, help="With --goodput: seconds per restart.")
 @JSON_OPT
-def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, **kw: Any) -> None:
+def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goodput: bool, mtbf_gpu_hours: float | None,
+             checkpoint_s: float | None, restart_s: float, **kw: Any) -> None:
     """Search for the fastest parallelisation that fits, and rank the top plans."""
     from rich.progress import Progress
 
@@ -243,6 +249,10 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, **kw: 
                 prog.update(task, completed=i, total=max(n, 1))
 
             res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k, progress=cb)
+    gps: list[float] | None = None
+    if by_goodput or mtbf_gpu_hours is not None or checkpoint_s is not None:
+        gps = _rank_by_goodput(model, cluster, res, kw["global_batch"], method, top_k, by_goodput, mtbf_gpu_hours,
+                               checkpoint_s, restart_s)  # fmt: skip
     sims: list[float | None] = [None] * len(res.plans)
     if do_sim:
         sims = _simulate_all(model, cluster, res.plans, kw["global_batch"])
@@ -252,6 +262,9 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, **kw: 
             d = e.to_json()
             d["simulated_step_s"] = sim
             plans.append(d)
+            if gps is not None:
+                d["goodput"] = gps[len(plans) - 1]
+                d["effective_samples_per_s"] = e.samples_per_s * gps[len(plans) - 1]
         out = {
             "model": getattr(model, "name", "") or "custom", "params": model.total_params(),
             "cluster": cluster.describe(), "method": res.method, "search_s": res.seconds,
@@ -263,6 +276,46 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, **kw: 
     for i, sim in enumerate(sims):
         if sim is not None:
             click.echo(f"plan {i + 1}: simulated step {sim:.3f} s (analytic {res.plans[i].step_s:.3f} s)")
+    for i, g in enumerate(gps or []):
+        e = res.plans[i]
+        click.echo(f"plan {i + 1}: {e.gpus_used} GPUs, goodput {100 * g:.1f}%, {e.samples_per_s * g:.1f} samples/s under failures")
+
+
+def _rank_by_goodput(model: Any, cluster: Any, res: Any, gb: int, method: str, top_k: int, on: bool,
+                     mtbf_gpu_hours: float | None, checkpoint_s: float | None, restart_s: float) -> list[float]:
+    """Re-rank ``res.plans`` (in place) by samples/s x goodput, adding the best plans on 1/2, 1/4, 1/8 of the
+    GPUs (fewer GPUs fail less often); goodput from the closed form at the optimum checkpoint interval."""
+    from dataclasses import replace
+
+    from trainsim.plan.devices import Cluster
+    from trainsim.plan.goodput import GoodputConfig, closed_form_goodput
+    from trainsim.plan.search import plan
+
+    if not on or mtbf_gpu_hours is None or checkpoint_s is None:
+        raise UserError("--goodput, --mtbf-gpu-hours and --checkpoint-s go together; give all three")
+    if len(cluster.groups) != 1:
+        raise UserError(f"--goodput ranks plans on one GPU kind; {cluster.describe()} has several")
+    g = cluster.groups[0]
+    for k in (1, 2, 3):
+        n = g.count >> k
+        if g.count % (1 << k) or n % g.gpus_per_node or n < g.gpus_per_node:
+            break
+        try:
+            more = plan(model, Cluster(groups=(replace(g, count=n),)), global_batch=gb, method=method, top_k=top_k)
+        except UserError:  # does not fit on fewer GPUs
+            break
+        res.plans += more.plans
+        res.evaluated += more.evaluated
+        res.seconds += more.seconds
+
+    def gp(e: Any) -> float:
+        return closed_form_goodput(GoodputConfig(step_s=e.step_s, gpus=e.gpus_used, gpus_per_node=g.gpus_per_node,
+                                                 mtbf_gpu_hours=mtbf_gpu_hours, checkpoint_s=checkpoint_s,
+                                                 restart_s=restart_s))  # fmt: skip
+
+    scored = sorted(((e.samples_per_s * gp(e), i, e) for i, e in enumerate(res.plans)), key=lambda x: (-x[0], x[1]))
+    res.plans = [e for _, _, e in scored[:top_k]]
+    return [gp(e) for e in res.plans]
 
 
 def _simulate_all(model: Any, cluster: Any, plans: list[Any], gb: int) -> list[float | None]:

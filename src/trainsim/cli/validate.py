@@ -21,6 +21,7 @@ VALIDATE_COMMANDS: dict[str, str] = {
     "multistream": "trainsim.validate.multistream:multistream_command",
     "ooo-dp": "trainsim.validate.ooo:ooo_dp_command",
     "pipeline": "trainsim.validate.pipeline:pipeline_command",
+    "whatif": "trainsim.validate.whatif:whatif_command",
 }
 
 

@@ -11,14 +11,19 @@ How the trace becomes tasks:
    time stays on the thread (Daydream §4.2).
 2. **GPU streams.** Each kernel, copy and memset is a task on ``gpu<device>:s<stream>``; NCCL kernels
    are ``COMM`` tasks. Its launch call precedes it (``LAUNCH`` edge, by correlation id).
-3. **Synchronisation.** A call that blocks the CPU (``cuda*Synchronize``, synchronous copies) is split
-   into its launch part and a ``SYNC`` task that waits for the GPU task that released it: the one of
-   the candidates (its own copy, or the last task launched on each stream) that finished last
-   inside the call. ``cudaStreamWaitEvent`` becomes a GPU->GPU edge from the last task launched
-   before the matching ``cudaEventRecord`` to the next task launched after the wait.
+3. **GPU waits** (``gpusync.py``). A call that waits for the GPU keeps only its cost (the median of
+   the calls of its name that did not block) and depends on what released it: synchronize calls on
+   the last task of their device / stream / event (whether or not they blocked), blocking copies on
+   their copy (a ``SYNC`` task after the call), every launch on the task launched ``Q`` launches
+   earlier (CUDA's launch queue, ``Q`` read from the trace), allocator calls that blocked on the
+   device. ``cudaStreamWaitEvent`` becomes a GPU->GPU edge. A GPU task starts no earlier than its
+   launch's end plus the launch latency measured in the trace (the ``LAUNCH`` edge's lag).
 4. **Other threads** (autograd's backward thread, gloo workers) run in bursts started by the thread
    that carries the ``ProfilerStep`` annotations (the anchor). A burst that runs entirely inside one
-   anchor task splits that task: the anchor resumes only when the burst ends (``SYNC``).
+   anchor task splits that task: the anchor resumes only when the burst ends (``SYNC``). An untraced
+   stretch of the anchor that ends just after a task on another thread ends waits for it (DDP's reducer
+   for a gloo all-reduce, a data loader for its thread), and the CPU collectives of a process group
+   run one after another (``graph/cpuwaits.py``).
 5. **Attributes.** Step from the ``ProfilerStep#N`` ranges; layer from the innermost
    ``record_function`` range, ``nn.Module`` python frame, or, for autograd backward ops, the forward
    op with the same sequence number; collective sizes from ``Input Dims`` / ``In msg nelems``.
@@ -38,6 +43,8 @@ from typing import Any
 import numpy as np
 
 from trainsim.capture.kineto import CPU_CATS, GPU_CATS, RUNTIME_CATS, Event, Trace, paused_gc, read_trace
+from trainsim.graph import cpuwaits
+from trainsim.graph.gpusync import add_syncs
 from trainsim.graph.ir import (
     EdgeKind,
     GraphBuilder,
@@ -50,7 +57,6 @@ from trainsim.graph.ir import (
 STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
 COMM_CPU_RX = re.compile(r"^(gloo|mpi|ucc):")
 COMM_ANNOT_RX = re.compile(r"^(nccl|gloo|mpi|ucc):|^record_param_comms$|^c10d::")
-SYNC_CALL_RX = re.compile(r"Synchronize|^cudaMemcpy$|^cudaMemcpy2D$|^cuMemcpyDtoH|^hipDeviceSynchronize")
 LAYER_SKIP_RX = re.compile(r"^ProfilerStep#|^## .* ##$|^\[param\|")
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "c10::Float": 4, "Float": 4, "double": 8, "c10::Double": 8, "half": 2,
@@ -215,6 +221,10 @@ def _build_graph(tr: Trace) -> TaskGraph:
     segments = {k: _segment_thread(threads[k], seq_layer) for k in keys}
     t_origin = min((segs[0].t0 for segs in segments.values() if segs), default=0.0)
     plans, spawns, inside = _plan_threads(keys, anchor_key, segments, t_origin)
+    cpuwaits.clip_late_ends(plans, anchor_key, inside)
+    chain = cpuwaits.chain_collectives(plans, anchor_key)
+    waits = cpuwaits.find_waits(plans, anchor_key, spawns, inside)
+    run_start = cpuwaits.inside_starts(plans, inside)
     # ------------------------------------------------------------------ emit CPU tasks (column-wise)
     cols = b.cols
     sym = b.sym
@@ -265,12 +275,18 @@ def _build_graph(tr: Trace) -> TaskGraph:
         for idx, bursts in inside.items():
             # the anchor is blocked in this task while other threads' bursts run: split it
             x = plan[idx]
-            b_start = min(plans[kk][gi + 1].t0 for kk, gi, _ in bursts)
+            b_start = run_start[idx]
             b_end = max(plans[kk][li].t1 for kk, _, li in bursts)
             cols["dur_us"][base + idx] = max(0.0, min(b_start, x.t1) - x.t0)
             wait_of[idx] = b.task(x.name, TaskKind.SYNC, r, dur_us=max(0.0, x.t1 - max(b_end, x.t0)),
                                   step=int(cols["step"][base + idx]), layer=x.layer, op=x.op,
                                   order=x.t0 + 1e-3, ts_us=x.t0)  # fmt: skip
+        for idx, w in waits.items():
+            # the anchor waits for a task on another thread: the waiting is derived from the edge
+            x = plan[idx]
+            cols["dur_us"][base + idx] = w.pre_us
+            wait_of[idx] = b.task(x.name, TaskKind.SYNC, r, dur_us=w.tail_us, step=int(cols["step"][base + idx]),
+                                  layer=x.layer, op=x.op, order=x.t0 + 1e-3, ts_us=x.t0)  # fmt: skip
     if anchor_key is not None:
         a_base = base_of[anchor_key]
         for a_idx, k, gap_idx, from_pre in spawns:
@@ -279,6 +295,10 @@ def _build_graph(tr: Trace) -> TaskGraph:
         for a_idx, bursts in inside.items():
             for k, _, last_idx in bursts:
                 b.edge(base_of[k] + last_idx, wait_of[a_idx], EdgeKind.SYNC)
+        for a_idx, w in waits.items():
+            b.edge(base_of[w.thread] + w.task, wait_of[a_idx], EdgeKind.SYNC)
+    for pk, pi, k, i in chain:
+        b.edge(base_of[pk] + pi, base_of[k] + i, EdgeKind.COMM)
     # ------------------------------------------------------------------ GPU tasks (column-wise)
     gpu.sort(key=lambda e: e.ts)
     gpu_by_corr: dict[int, int] = {}
@@ -338,8 +358,7 @@ def _build_graph(tr: Trace) -> TaskGraph:
     cols["size_bytes"].extend(g_size)
     cols["group"].extend(g_group)
     cols["priority"].extend([0.0] * len(gpu))
-    b.edges_bulk(launch_src, launch_dst, EdgeKind.LAUNCH)
-    _add_syncs(b, runtime_tasks, gpu_by_corr, gpu_info)
+    add_syncs(b, tr, runtime_tasks, launch_src, launch_dst, gpu_by_corr, gpu_info)
     steps = Steps(
         ids=np.asarray(step_ids, np.int32),
         start_us=np.asarray(step_t0, np.float64),
@@ -426,78 +445,3 @@ def _plan_threads(
             gap.t0 = min(max(gap.t0, first), gap.t1)
     return plans, spawns, inside
 
-
-def _add_syncs(
-    b: GraphBuilder,
-    runtime_tasks: list[tuple[_Seg, int, tuple[Any, Any]]],
-    gpu_by_corr: dict[int, int],
-    gpu_info: list[tuple[int, str, float, float]],
-) -> None:
-    """SYNC edges for blocking calls and GPU->GPU edges for cudaStreamWaitEvent (module doc, step 3)."""
-    info = {t: (rn, ts, end) for t, rn, ts, end in gpu_info}
-    # launches in CPU time order: (call start, gpu task, stream)
-    launches = sorted(
-        (s.t0, gpu_by_corr[c], info[gpu_by_corr[c]][0])
-        for s, _, _ in runtime_tasks
-        if isinstance(c := s.event.args.get("correlation"), int) and c in gpu_by_corr  # type: ignore[union-attr]
-    )
-    launch_t = [x[0] for x in launches]
-    last_on: dict[str, int] = {}
-    last_idx: list[dict[str, int]] = []
-    for _, t, rn in launches:
-        last_on = {**last_on, rn: t}  # a snapshot per launch: the last task on each stream so far
-        last_idx.append(last_on)
-
-    def last_before(t0: float) -> dict[str, int]:
-        i = bisect.bisect_left(launch_t, t0) - 1
-        return last_idx[i] if i >= 0 else {}
-
-    by_thread: dict[tuple[Any, Any], list[tuple[_Seg, int]]] = defaultdict(list)
-    for s, tid, k in runtime_tasks:
-        by_thread[k].append((s, tid))
-    for calls in by_thread.values():
-        calls.sort(key=lambda x: x[0].t0)
-        pending_record: dict[str, int] | None = None
-        wait_from: dict[str, int] | None = None
-        for s, tid in calls:
-            ev = s.event
-            assert ev is not None
-            name = ev.name
-            c = ev.args.get("correlation")
-            own = gpu_by_corr.get(c) if isinstance(c, int) else None
-            if wait_from is not None and own is not None:
-                rn = info[own][0]
-                srcs = [t for r2, t in wait_from.items() if r2 != rn]
-                for t in srcs:
-                    if info[t][2] <= info[own][1] + 0.5:
-                        b.edge(t, own, EdgeKind.SYNC)
-                wait_from = None
-            if name == "cudaEventRecord":
-                pending_record = last_before(s.t0)
-                continue
-            if name == "cudaStreamWaitEvent":
-                if pending_record:
-                    latest = max(pending_record.values(), key=lambda t: info[t][2])
-                    wait_from = {info[latest][0]: latest}
-                continue
-            blocking = bool(SYNC_CALL_RX.search(name))
-            if not blocking and own is not None and name.startswith("cudaMemcpy"):
-                gname = b.symbol_of(int(b.cols["name"][own])) or ""
-                blocking = "Pageable" in gname or "DtoH" in gname
-            if not blocking:
-                continue
-            cands = ([own] if own is not None else []) + (list(last_before(s.t0).values()) if "Synchronize" in name else [])
-            cands = [t for t in cands if s.t0 < info[t][2] <= s.t1 + 0.5]
-            if not cands:
-                continue
-            a = max(cands, key=lambda t: info[t][2])
-            a_end = info[a][2]
-            launch_part = min(max(info[own][1] - s.t0, 0.0), s.t1 - s.t0) if own is not None else 0.0
-            # this runtime task becomes the launch part; a SYNC task after it waits for `a`
-            b.cols["dur_us"][tid] = launch_part
-            wait = b.task(
-                name, TaskKind.SYNC, int(b.cols["resource"][tid]), dur_us=max(0.0, s.t1 - max(a_end, s.t0 + launch_part)),
-                step=int(b.cols["step"][tid]), layer=b.symbol_of(int(b.cols["layer"][tid])),
-                op=b.symbol_of(int(b.cols["op"][tid])), order=s.t0 + 1e-6, ts_us=s.t0,
-            )  # fmt: skip
-            b.edge(a, wait, EdgeKind.SYNC)

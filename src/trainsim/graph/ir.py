@@ -15,7 +15,9 @@ communication channel). Tasks on a resource form a queue ordered by ``order`` (t
 for traced tasks); the implicit edges between neighbours in that queue are the program-order (CPU),
 stream-order (GPU) and channel-order (communication) dependencies. All other dependencies are explicit
 edges: CPU launch -> GPU task, GPU -> CPU synchronisation, compute -> communication, and any a
-transformation adds. Strings are interned in ``symbols``; columns hold indices into it.
+transformation adds. Strings are interned in ``symbols``; columns hold indices into it. An edge may
+carry a lag (``edge_lag_us``): its destination starts no earlier than the source's end plus the lag
+(e.g. the GPU's kernel launch latency after a ``cudaLaunchKernel`` returns).
 
 Conventions: times are microseconds (``*_us``) as floats; sizes are bytes; ``-1`` means "none" in
 integer columns and NaN means "not traced" in float ones.
@@ -134,6 +136,7 @@ class TaskGraph:
     edge_src: I32
     edge_dst: I32
     edge_kind: I8
+    edge_lag_us: F64  # the destination starts >= the source's end + this (>= 0; 0 for most edges)
     steps: Steps = field(default_factory=Steps)
     source: str = "<memory>"
 
@@ -201,6 +204,18 @@ class TaskGraph:
             )
         if n and (self.resource.min() < 0 or self.resource.max() >= len(self.resources)):
             raise UserError(f"{self.source}: a task names a resource outside 0..{len(self.resources) - 1}")
+        for col in EDGE_COLUMNS:
+            if getattr(self, col).shape != (self.n_edges,):
+                shape = getattr(self, col).shape
+                raise UserError(f"{self.source}: column {col} has shape {shape}, expected ({self.n_edges},)")
+        lag = self.edge_lag_us
+        if lag.size and not (np.isfinite(lag) & (lag >= 0)).all():
+            k = int(np.flatnonzero(~(np.isfinite(lag) & (lag >= 0)))[0])
+            raise UserError(
+                f"{self.source}: the edge {self.describe(int(self.edge_src[k]))} -> "
+                f"{self.describe(int(self.edge_dst[k]))} has lag {lag[k]!r}; expected a finite number of "
+                "microseconds >= 0"
+            )
         for col in ("edge_src", "edge_dst"):
             arr = getattr(self, col)
             if arr.size and (arr.min() < 0 or arr.max() >= n):
@@ -248,6 +263,7 @@ class GraphBuilder:
         self.cols: dict[str, list[float]] = {c: [] for c in _TASK_COLUMNS}
         """the task columns being built; readable and writable by graph constructors"""
         self._edges: list[tuple[int, int, int]] = []
+        self._lags: list[tuple[int, npt.NDArray[np.float64]]] = []  # (first edge, lags of the edges from it)
         self._counter = 0
 
     def sym(self, text: str | None) -> int:
@@ -317,22 +333,34 @@ class GraphBuilder:
                 self._edges.append((int(d), tid, int(dep_kind)))
         return tid
 
-    def edge(self, src: int, dst: int, kind: EdgeKind = EdgeKind.DATA) -> None:
+    def edge(self, src: int, dst: int, kind: EdgeKind = EdgeKind.DATA, lag_us: float = 0.0) -> None:
+        if lag_us:
+            self._lags.append((len(self._edges), np.array([lag_us], np.float64)))
         self._edges.append((src, dst, int(kind)))
 
-    def edges_bulk(self, src: list[int], dst: list[int], kind: EdgeKind) -> None:
+    def edges_bulk(
+        self, src: list[int], dst: list[int], kind: EdgeKind, lag_us: Sequence[float] | None = None
+    ) -> None:
         k = int(kind)
+        if lag_us is not None:
+            if len(lag_us) != len(src):
+                raise ValueError(f"edges_bulk: {len(src)} edges but {len(lag_us)} lags")
+            self._lags.append((len(self._edges), np.asarray(lag_us, np.float64)))
         self._edges.extend((s, d, k) for s, d in zip(src, dst, strict=True))
 
     def build(self, steps: Steps | None = None) -> TaskGraph:
         cols: dict[str, Any] = {k: np.asarray(v, dtype=_TASK_COLUMNS[k]) for k, v in self.cols.items()}
         e = np.asarray(self._edges, dtype=np.int64).reshape(-1, 3)
+        lag = np.zeros(e.shape[0])
+        for first, lags in self._lags:
+            lag[first : first + lags.size] = lags
         g = TaskGraph(
             symbols=tuple(self._symbols),
             resources=tuple(self._resources),
             edge_src=e[:, 0].astype(np.int32),
             edge_dst=e[:, 1].astype(np.int32),
             edge_kind=e[:, 2].astype(np.int8),
+            edge_lag_us=lag,
             steps=steps or Steps(),
             source=self.source,
             **cols,
@@ -357,6 +385,8 @@ _TASK_COLUMNS: dict[str, type] = {
 }
 TASK_COLUMNS: tuple[str, ...] = tuple(_TASK_COLUMNS)
 """The documented list of per-task columns (every one is required)."""
+EDGE_COLUMNS: tuple[str, ...] = ("edge_src", "edge_dst", "edge_kind", "edge_lag_us")
+"""The per-edge columns (every one is required, one row per explicit edge)."""
 
 _GPU_KINDS = {TaskKind.KERNEL, TaskKind.MEMCPY, TaskKind.MEMSET}
 

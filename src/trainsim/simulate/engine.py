@@ -5,7 +5,8 @@
     >>> res.mean_step_ms, res.breakdown()         # doctest: +SKIP
     >>> res.to_chrome_trace("sim.json")           # doctest: +SKIP
 
-A task starts when its resource is free and all its predecessors have finished (Daydream, Alg. 1).
+A task starts when its resource is free and all its predecessors have finished (Daydream, Alg. 1),
+each plus the lag of its edge (``TaskGraph.edge_lag_us``, e.g. the GPU's launch latency).
 Resources with ``Policy.FIFO`` run their queue in order; ``Policy.PRIORITY`` resources pick the ready
 task with the smallest ``priority``. The all-FIFO case is a longest-path pass (fast path); any
 PRIORITY resource switches to discrete-event replay. Both loops are in ``kernels.py``.
@@ -32,6 +33,7 @@ class Prepared:
     next_res: I64  # the next task on the same resource, -1 for the last
     out_ptr: I64
     out_dst: I64
+    out_lag: F64  # lag of each out-edge, aligned with out_dst
     indeg: I64  # explicit in-edges only (the event-driven loop)
     indeg_all: I32  # explicit in-edges plus the resource predecessor (the longest-path loop)
     sources: I64  # tasks with indeg_all == 0
@@ -58,6 +60,7 @@ def prepare(g: TaskGraph) -> Prepared:
     dst = g.edge_dst.astype(np.int64)
     order = np.argsort(src, kind="stable")
     out_dst = dst[order]
+    out_lag = np.ascontiguousarray(g.edge_lag_us[order], np.float64)
     out_ptr = np.concatenate(([0], np.cumsum(np.bincount(src, minlength=n)))).astype(np.int64)
     indeg = np.bincount(dst, minlength=n).astype(np.int64)
     indeg_all = (indeg + (prev_res >= 0)).astype(np.int32)
@@ -67,6 +70,7 @@ def prepare(g: TaskGraph) -> Prepared:
         next_res=next_res,
         out_ptr=out_ptr,
         out_dst=np.ascontiguousarray(out_dst),
+        out_lag=out_lag,
         indeg=indeg,
         indeg_all=indeg_all,
         sources=np.flatnonzero(indeg_all == 0).astype(np.int64),
@@ -91,6 +95,7 @@ def simulate(g: TaskGraph, prepared: Prepared | None = None) -> SimResult:
             np.ascontiguousarray(g.priority, np.float64),
             p.out_ptr,
             p.out_dst,
+            p.out_lag,
             p.indeg,
         )
         if done < g.n_tasks:
@@ -100,8 +105,9 @@ def simulate(g: TaskGraph, prepared: Prepared | None = None) -> SimResult:
         start, end = np.empty(n), np.empty(n)
         crit, indeg, stack = np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64)
         done = kernels.replay_fifo(
-            p.dur, p.next_res, p.out_ptr, p.out_dst, p.indeg_all, p.sources, start, end, crit, indeg, stack
-        )
+            p.dur, p.next_res, p.out_ptr, p.out_dst, p.out_lag, p.indeg_all, p.sources,
+            start, end, crit, indeg, stack,
+        )  # fmt: skip
         if done < n:  # tasks never freed keep a positive in-degree
             raise UserError(_cycle_message(g, indeg > 0, done))
     return SimResult(graph=g, start_us=start, end_us=end, crit=crit)

@@ -4,7 +4,8 @@ Both loops take flat arrays only (CSR adjacency), so they never touch a Python o
 
 ``replay_fifo``: every resource runs its queue strictly in order, so the schedule is a longest-path
 computation over the DAG of explicit edges plus queue-neighbour edges, in any topological order
-(Kahn's algorithm with a stack): O(tasks + edges).
+(Kahn's algorithm with a stack): O(tasks + edges). An explicit edge delivers its source's end plus
+its lag (``out_lag``, >= 0); queue-neighbour edges have none.
 
 ``replay_priority``: some resources pick, whenever they fall idle, the ready task with the smallest
 ``(priority, queue position)``; this needs real discrete-event simulation in time order. Events are
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised only without numba
 
 
 @jit
-def replay_fifo(dur, next_res, out_ptr, out_dst, indeg_all, sources, start, end, crit, indeg, stack):
+def replay_fifo(dur, next_res, out_ptr, out_dst, out_lag, indeg_all, sources, start, end, crit, indeg, stack):
     """Fill ``start``/``end`` of every task and ``crit``, the predecessor that decided its start (-1 none).
 
     ``indeg_all`` counts explicit edges plus the resource predecessor; ``sources`` are the tasks
@@ -76,8 +77,9 @@ def replay_fifo(dur, next_res, out_ptr, out_dst, indeg_all, sources, start, end,
                 top += 1
         for k in range(out_ptr[i], out_ptr[i + 1]):
             j = out_dst[k]
-            if crit[j] < 0 or e > start[j]:
-                start[j] = e
+            ej = e + out_lag[k]
+            if crit[j] < 0 or ej > start[j]:
+                start[j] = ej
                 crit[j] = i
             indeg[j] -= 1
             if indeg[j] == 0:
@@ -88,13 +90,15 @@ def replay_fifo(dur, next_res, out_ptr, out_dst, indeg_all, sources, start, end,
 
 @jit
 def replay_priority(
-    dur, res, res_ptr, res_queue, res_is_prio, priority, out_ptr, out_dst, indeg_explicit
+    dur, res, res_ptr, res_queue, res_is_prio, priority, out_ptr, out_dst, out_lag, indeg_explicit
 ):
     """Discrete-event replay where PRIORITY resources choose among ready tasks.
 
     ``res_queue[res_ptr[r]:res_ptr[r+1]]`` is resource r's queue in order. FIFO resources run their
     queue head once its explicit predecessors are done; PRIORITY resources run the ready task with the
-    smallest (priority, queue position). Returns ``(start, end, crit, n_done)``.
+    smallest (priority, queue position) among those whose lagged inputs have arrived (``ready_at <= now``);
+    when the others arrive later, a wake-up event (task ``-1 - r``) calls the resource back then.
+    Returns ``(start, end, crit, n_done)``.
     """
     n = dur.shape[0]
     n_res = res_ptr.shape[0] - 1
@@ -124,14 +128,21 @@ def replay_priority(
             pick = -1
             if res_is_prio[r]:
                 best_p = np.inf
+                wake = np.inf
                 # skip started tasks at the front
                 while head[r] < res_ptr[r + 1] and started[res_queue[head[r]]]:
                     head[r] += 1
                 for q in range(head[r], res_ptr[r + 1]):
                     t = res_queue[q]
-                    if not started[t] and pending[t] == 0 and priority[t] < best_p:
-                        best_p = priority[t]
-                        pick = t
+                    if not started[t] and pending[t] == 0:
+                        if ready_at[t] > now:
+                            wake = min(wake, ready_at[t])
+                        elif priority[t] < best_p:
+                            best_p = priority[t]
+                            pick = t
+                if pick < 0 and wake < np.inf:
+                    seq += 1
+                    heapq.heappush(events, (wake, np.int64(seq), np.int64(-1 - r)))
             elif head[r] < res_ptr[r + 1]:
                 t = res_queue[head[r]]
                 if pending[t] == 0:
@@ -157,6 +168,9 @@ def replay_priority(
         while len(events) > 0 and events[0][0] == now:
             batch.append(heapq.heappop(events)[2])
         for t in batch:
+            if t < 0:  # a wake-up: lagged inputs have arrived at a PRIORITY resource
+                touched[-1 - t] = True
+                continue
             done += 1
             r = res[t]
             busy[r] = False
@@ -165,8 +179,9 @@ def replay_priority(
             for k in range(out_ptr[t], out_ptr[t + 1]):
                 j = out_dst[k]
                 pending[j] -= 1
-                if end[t] >= ready_at[j]:
-                    ready_at[j] = end[t]
+                e = end[t] + out_lag[k]
+                if e >= ready_at[j]:
+                    ready_at[j] = e
                     crit[j] = t
                 if pending[j] == 0:
                     touched[res[j]] = True

@@ -109,6 +109,7 @@ def _build(u: int, seed: int) -> TaskGraph:
         edge_src=src.astype(np.int32),
         edge_dst=dst.astype(np.int32),
         edge_kind=ek,
+        edge_lag_us=np.zeros(ek.size),
         steps=Steps(),
         source=f"<synthetic {n} tasks>",
     )

@@ -195,17 +195,20 @@ def add_edges(
     src: Sequence[int] | np.ndarray,
     dst: Sequence[int] | np.ndarray,
     kind: EdgeKind | np.ndarray = EdgeKind.DATA,
+    lag_us: float | np.ndarray = 0.0,
 ) -> TaskGraph:
-    """Add dependencies ``src[i] -> dst[i]``."""
+    """Add dependencies ``src[i] -> dst[i]``; ``dst[i]`` starts ``lag_us`` or more after ``src[i]`` ends."""
     s = np.asarray(src, np.int32).ravel()
     d = np.asarray(dst, np.int32).ravel()
     if s.shape != d.shape:
         raise UserError(f"add_edges: {s.size} sources but {d.size} destinations")
     k = np.broadcast_to(np.asarray(kind, np.int8), s.shape)
+    lag = np.broadcast_to(np.asarray(lag_us, np.float64), s.shape)
     out = g.with_columns(
         edge_src=np.concatenate((g.edge_src, s)),
         edge_dst=np.concatenate((g.edge_dst, d)),
         edge_kind=np.concatenate((g.edge_kind, k)),
+        edge_lag_us=np.concatenate((g.edge_lag_us, lag)),
     )
     out.validate()
     return out
@@ -214,35 +217,39 @@ def add_edges(
 def remove(g: TaskGraph, sel: Mask | Sequence[int]) -> TaskGraph:
     """Delete the selected tasks; every predecessor of a removed task now precedes its successors.
 
-    Queue neighbours on a resource close up by themselves (order is implicit in the queue).
+    Queue neighbours on a resource close up by themselves (order is implicit in the queue). A bridging
+    edge keeps the lags of the edges it replaces (their sum; the largest where several paths meet).
     """
     rm = _mask(g, sel)
     if not rm.any():
         return g
-    src, dst, kind = g.edge_src, g.edge_dst, g.edge_kind
+    src, dst, kind, lag = g.edge_src, g.edge_dst, g.edge_kind, g.edge_lag_us
     touch = rm[src] | rm[dst]
-    keep_s, keep_d, keep_k = src[~touch], dst[~touch], kind[~touch]
-    preds: dict[int, set[int]] = defaultdict(set)
-    succs: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for s, d, k in zip(src[touch].tolist(), dst[touch].tolist(), kind[touch].tolist(), strict=True):
+    keep_s, keep_d, keep_k, keep_l = src[~touch], dst[~touch], kind[~touch], lag[~touch]
+    preds: dict[int, dict[int, float]] = defaultdict(dict)  # removed task -> {predecessor: lag}
+    succs: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
+    touched = (src[touch].tolist(), dst[touch].tolist(), kind[touch].tolist(), lag[touch].tolist())
+    for s, d, k, lg in zip(*touched, strict=True):
         if rm[d]:
-            preds[d].add(s)
+            preds[d][s] = max(lg, preds[d].get(s, 0.0))
         if rm[s]:
-            succs[s].append((d, k))
+            succs[s].append((d, k, lg))
     # bypass removed tasks in dependency order so that chains of removed tasks are bridged
-    new_edges: set[tuple[int, int, int]] = set()
+    new_edges: dict[tuple[int, int, int], float] = {}
     for r in _topo(np.flatnonzero(rm).tolist(), preds, rm):
-        for d, k in succs.get(r, []):
-            for p in preds.get(r, ()):
+        for d, k, lg in succs.get(r, []):
+            for p, lp in preds.get(r, {}).items():
                 if rm[d]:
-                    preds[d].add(p)
+                    preds[d][p] = max(lp + lg, preds[d].get(p, 0.0))
                 elif not rm[p]:
-                    new_edges.add((p, d, k))
+                    new_edges[(p, d, k)] = max(lp + lg, new_edges.get((p, d, k), 0.0))
     if new_edges:
-        e = np.array(sorted(new_edges), np.int64)
+        keys = sorted(new_edges)
+        e = np.array(keys, np.int64)
         keep_s = np.concatenate((keep_s, e[:, 0].astype(np.int32)))
         keep_d = np.concatenate((keep_d, e[:, 1].astype(np.int32)))
         keep_k = np.concatenate((keep_k, e[:, 2].astype(np.int8)))
+        keep_l = np.concatenate((keep_l, np.array([new_edges[x] for x in keys], np.float64)))
     kept = ~rm
     new_id = np.cumsum(kept) - 1
     cols = {c: getattr(g, c)[kept] for c in ("kind", "name", "op", "layer", "resource", "order", "dur_us",
@@ -251,11 +258,12 @@ def remove(g: TaskGraph, sel: Mask | Sequence[int]) -> TaskGraph:
         edge_src=new_id[keep_s].astype(np.int32),
         edge_dst=new_id[keep_d].astype(np.int32),
         edge_kind=keep_k.astype(np.int8),
+        edge_lag_us=keep_l.astype(np.float64),
         **cols,
     )
 
 
-def _topo(nodes: list[int], preds: dict[int, set[int]], rm: np.ndarray) -> list[int]:
+def _topo(nodes: list[int], preds: dict[int, dict[int, float]], rm: np.ndarray) -> list[int]:
     """Removed nodes ordered so that a removed predecessor comes before its removed successors."""
     inside = {n: {p for p in preds.get(n, ()) if rm[p]} for n in nodes}
     out: list[int] = []

@@ -1,0 +1,183 @@
+"""Network what-ifs of a real DDP trace against real runs at other link rates (issue 46).
+
+    realrun .venv/bin/python benchmarks/whatif_network.py                   # mlp, 2 ranks, 100 Mbit/s, ~6 min
+    realrun .venv/bin/python benchmarks/whatif_network.py --model cnn --factors 0.5 --repeat 0 --no-random
+
+1. One traced run at ``--base-mbit`` (``trainsim.run.traced``: gloo DDP ranks in shaped network
+   namespaces, each writing its Kineto trace).
+2. Predictions from rank 0's trace alone, for each link rate ``factor * base``: the command line's
+   ``trainsim whatif TRACE --network-bw F`` and ``--network-cluster new.toml --from-cluster old.toml``
+   (cluster files with the two link rates). They are written to the output JSON before any other run
+   starts, and never changed after.
+3. Real runs at those rates (0.25x, 0.5x, 2x, 5x and one factor drawn in [0.25, 5] from a printed
+   seed), each measured as the median of its timed steps (rank 0's, the traced rank; the slowest
+   rank's window is recorded beside it); the error per rate. A prediction is the median of the
+   what-if's simulated steps (the mean, the command's ``whatif_ms``, is recorded beside it). Each
+   run's own trace is also replayed without a what-if: its error is the floor that the profiler's
+   overhead and the host's load put under any prediction.
+4. ``--repeat N`` runs the base configuration N more times: the run-to-run spread of this host.
+
+Writes docs/benchmarks/whatif_network.json (or ``--out``) with the date, machine and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINSIM = str(Path(sys.executable).parent / "trainsim")
+
+
+def _cluster_file(folder: Path, mbit: float, name: str) -> Path:
+    """A 2-node cluster file whose inter-node link runs at ``mbit`` Mbit/s (GB/s = Mbit/s / 8000)."""
+    p = folder / f"{name}.toml"
+    p.write_text(f'nodes = 2\ndevices_per_node = 1\ndevice = "this-cpu"\n'
+                 f"inter_link = {{ bw_gbps = {mbit / 8000:.9g}, latency_us = 50 }}\n")  # fmt: skip
+    return p
+
+
+def _quiet(max_wait_s: float, below: float) -> None:
+    """Wait (at most ``max_wait_s``) until the host's 1-minute load is below ``below``: other users' work
+    on the 2 cores slows the compute of a run (and of the traced steps) by up to 2.5x."""
+    t0 = time.monotonic()
+    while os.getloadavg()[0] >= below and time.monotonic() - t0 < max_wait_s:
+        time.sleep(5)
+
+
+def _median_step(doc: dict[str, Any]) -> float:
+    """Median over the trace's steps of the simulated step (the statistic the runs are measured by)."""
+    return statistics.median(s["simulated_ms"] for s in doc["steps"] if s["simulated_ms"] is not None)
+
+
+def _whatif(trace: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([TRAINSIM, "whatif", trace, *args, "--json"], capture_output=True, text=True, check=True)
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def _run(cfg: Any, folder: Path) -> dict[str, Any]:
+    from trainsim.run.traced import traced_run
+
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    res = traced_run(cfg, folder)
+    rank0 = res["rank_step_ms"][0]
+    # the host's 1-minute load before and after: other users' work on the 2 cores slows the compute
+    return {"rate_mbit": cfg.rate_mbit, "median_step_ms": statistics.median(rank0), "window_step_ms": res["step_ms"],
+            "rank_step_ms": res["rank_step_ms"], "trace": res["traces"][0], "wall_s": time.perf_counter() - t0,
+            "load_1min": [load0, os.getloadavg()[0]]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--base-mbit", type=float, default=100.0)
+    ap.add_argument("--factors", default="0.25,0.5,2,5", help="link rate factors to predict and run")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the random factor (default: from the clock)")
+    ap.add_argument("--no-random", action="store_true", help="no random factor")
+    ap.add_argument("--repeat", type=int, default=1, help="extra runs of the base configuration (the spread)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "whatif_network.json"))
+    ap.add_argument("--keep", default=None, help="folder for the runs' traces (default: a temporary one)")
+    ap.add_argument("--quiet-load", type=float, default=0.7, help="before each run, wait for a 1-minute load below this")
+    ap.add_argument("--quiet-wait-s", type=float, default=90.0, help="...but at most this long")
+    a = ap.parse_args()
+
+    from trainsim.run.traced import TracedRunConfig
+
+    factors = [float(f) for f in a.factors.split(",") if f]
+    seed = a.seed if a.seed is not None else int(time.time()) % 100000
+    if not a.no_random:
+        f = math.exp(random.Random(seed).uniform(math.log(0.25), math.log(5.0)))
+        factors.append(round(f, 3))
+        print(f"random factor {f:.3f} from seed {seed}", flush=True)
+    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="whatif_network_"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    def cfg(rate: float) -> TracedRunConfig:
+        _quiet(a.quiet_wait_s, a.quiet_load)
+        return TracedRunConfig(model=a.model, world=a.world, rate_mbit=rate)
+
+    doc: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},  # fmt: skip
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "model": a.model, "world": a.world, "base_mbit": a.base_mbit, "seed": None if a.no_random else seed,
+    }  # fmt: skip
+    # ---- 1. the base run
+    base = _run(cfg(a.base_mbit), work / "base")
+    doc["base"] = base
+    print(f"base {a.base_mbit:g} Mbit/s: median step {base['median_step_ms']:.1f} ms", flush=True)
+    # ---- 2. predictions, frozen before the other runs
+    old = _cluster_file(work, a.base_mbit, "old")
+    preds: list[dict[str, Any]] = []
+    for f in factors:
+        bw = _whatif(base["trace"], "--network-bw", f"{f:g}")
+        new = _cluster_file(work, a.base_mbit * f, f"new{f:g}")
+        cl = _whatif(base["trace"], "--network-cluster", str(new), "--from-cluster", str(old))
+        preds.append({"factor": f, "rate_mbit": a.base_mbit * f, "predicted_ms_network_bw": _median_step(bw),
+                      "predicted_ms_network_cluster": _median_step(cl), "mean_ms_network_bw": bw["whatif_ms"],
+                      "mean_ms_network_cluster": cl["whatif_ms"], "split": bw.get("comm_split")})  # fmt: skip
+    doc["simulated_base_ms"] = bw["baseline_ms"]
+    doc["predictions"] = preds
+    doc["predictions_frozen_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"predictions written to {out} ({preds[0]['split']})", flush=True)
+    # ---- 3. the real runs
+    runs = []
+    for p in preds:
+        r = _run(cfg(p["rate_mbit"]), work / f"x{p['factor']:g}")
+        err_bw = (p["predicted_ms_network_bw"] - r["median_step_ms"]) / r["median_step_ms"] * 100
+        err_cl = (p["predicted_ms_network_cluster"] - r["median_step_ms"]) / r["median_step_ms"] * 100
+        runs.append({**r, "factor": p["factor"], "error_pct_network_bw": err_bw, "error_pct_network_cluster": err_cl})
+        print(f"x{p['factor']:g} ({p['rate_mbit']:g} Mbit/s): measured {r['median_step_ms']:.1f} ms, predicted "
+              f"{p['predicted_ms_network_bw']:.1f} ({err_bw:+.1f} %) / {p['predicted_ms_network_cluster']:.1f} "
+              f"({err_cl:+.1f} %)", flush=True)  # fmt: skip
+        doc["runs"] = runs
+        out.write_text(json.dumps(doc, indent=1))
+    # ---- the noise floor: each run's own trace replayed (no what-if) against its timed steps
+    for r in runs:
+        own = json.loads(subprocess.run([TRAINSIM, "replay", r["trace"], "--json"], capture_output=True, text=True,
+                                        check=True).stdout)  # fmt: skip
+        r["own_trace_replay_ms"] = _median_step(own)
+        r["own_trace_error_pct"] = (r["own_trace_replay_ms"] - r["median_step_ms"]) / r["median_step_ms"] * 100
+    # ---- 4. the spread of the base configuration
+    reps = [base["median_step_ms"]]
+    for i in range(a.repeat):
+        reps.append(_run(cfg(a.base_mbit), work / f"repeat{i}")["median_step_ms"])
+    doc["spread"] = {"base_median_step_ms": reps,
+                     "max_minus_min_pct": (max(reps) - min(reps)) / statistics.median(reps) * 100}  # fmt: skip
+    out.write_text(json.dumps(doc, indent=1))
+    # ---- the table
+    print(f"\n{a.model}, {a.world} ranks, traced at {a.base_mbit:g} Mbit/s (median step {base['median_step_ms']:.1f} ms, "
+          f"simulated {doc['simulated_base_ms']:.1f} ms); predictions from rank 0's trace only")  # fmt: skip
+    print(f"{'factor':>7} {'Mbit/s':>8} {'measured':>9} {'--network-bw':>13} {'err %':>6} {'--network-cluster':>18} "
+          f"{'err %':>6} {'own trace':>10} {'err %':>6}")  # fmt: skip
+    for r, p in zip(runs, preds, strict=True):
+        print(f"{p['factor']:>7g} {p['rate_mbit']:>8g} {r['median_step_ms']:>9.1f} {p['predicted_ms_network_bw']:>13.1f} "
+              f"{r['error_pct_network_bw']:>+6.1f} {p['predicted_ms_network_cluster']:>18.1f} "
+              f"{r['error_pct_network_cluster']:>+6.1f} {r['own_trace_replay_ms']:>10.1f} {r['own_trace_error_pct']:>+6.1f}")  # fmt: skip
+    print("(own trace: the run's own trace replayed without a what-if, the median of its simulated steps: the floor "
+          "the profiler and the host's load put under any prediction)")
+    print(f"base configuration repeated: {', '.join(f'{x:.1f}' for x in reps)} ms "
+          f"(spread {doc['spread']['max_minus_min_pct']:.1f} %)")  # fmt: skip
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

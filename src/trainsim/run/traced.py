@@ -1,0 +1,221 @@
+"""Real data-parallel training runs, profiled on every rank: the raw material of what-if pairs.
+
+    >>> from trainsim.run.traced import TracedRunConfig, traced_run
+    >>> res = traced_run(TracedRunConfig(model="mlp", world=2, rate_mbit=100), "out/run-a")  # doctest: +SKIP
+    >>> res["step_ms"], res["traces"]                                                       # doctest: +SKIP
+
+Each rank is one process with one intra-op thread: torch DDP over gloo (no DDP when ``world`` is 1)
+around a zoo model, the optimizer of ``trainsim.capture.profile``, ``warmup`` steps, then ``steps``
+timed steps *without* the profiler (what the user's job experiences), then ``profiled`` steps under
+``torch.profiler`` whose Kineto trace each rank writes to ``<out>/rank<R>.json.gz`` (with the
+parameter sidecar of ``trainsim.capture.profile`` beside it). With ``rate_mbit`` the ranks run in
+network namespaces joined by links shaped with ``tc`` (``trainsim.validate.netns``, needs root);
+without it, on loopback.
+
+The result (``traced_run``) is a dict: ``step_ms`` (per timed step, the slowest rank's time over the
+window, as ``run.ranks.window_step_ms``), ``rank_step_ms`` (each rank's timed steps), ``traces`` (paths,
+by rank) and ``config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import itertools
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainsim.capture.profile import OPTIMIZERS
+from trainsim.errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TracedRunConfig:
+    """One real run: the model, the optimizer, the ranks and the network between them."""
+
+    model: str = "mlp"
+    """zoo model: mlp, cnn or transformer"""
+    batch_size: int = 32
+    """samples per step and rank"""
+    width: int = 1024
+    """hidden width of the MLP"""
+    depth: int = 4
+    """linear layers of the MLP"""
+    optimizer: str = "sgd"
+    """an optimizer name of ``trainsim.capture.profile.OPTIMIZERS`` (e.g. adam-loop, adam-fused)"""
+    world: int = 2
+    """ranks (processes); 1 runs without DDP"""
+    rate_mbit: float | None = None
+    """link rate of each rank's link to the hub (None: loopback, unshaped)"""
+    delay_ms: float = 0.0
+    """added one-way latency of each link"""
+    bucket_cap_mb: float = 25.0
+    """DDP's gradient bucket size (torch's default: 25 MB)"""
+    warmup: int = 3
+    """untimed steps first"""
+    steps: int = 8
+    """timed steps without the profiler"""
+    profiled: int = 3
+    """steps recorded by the profiler (after one profiler warm-up step)"""
+    seed: int = 0
+    timeout_s: float = 300.0
+    """the whole run, and each collective"""
+
+    def __post_init__(self) -> None:
+        for f in ("batch_size", "width", "depth", "world", "steps", "profiled"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise UserError(f"traced run: {f}={v!r}; expected a positive integer")
+        if self.warmup < 0:
+            raise UserError(f"traced run: warmup={self.warmup!r}; expected >= 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"traced run: optimizer {self.optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise UserError(f"traced run: rate_mbit={self.rate_mbit!r}; expected a rate > 0 Mbit/s or None")
+        if self.delay_ms < 0 or self.bucket_cap_mb <= 0:
+            raise UserError(f"traced run: delay_ms={self.delay_ms!r}, bucket_cap_mb={self.bucket_cap_mb!r}; "
+                            "expected delay >= 0 and a bucket size > 0")  # fmt: skip
+
+
+def traced_run(cfg: TracedRunConfig, out: str | Path) -> dict[str, Any]:
+    """Run ``cfg`` for real and write each rank's trace into folder ``out`` (see the module docstring).
+
+    ``out`` must not hold traces already (nothing of the user's is overwritten)."""
+    from trainsim.run.ranks import run_workers
+
+    folder = Path(out)
+    old = sorted(folder.glob("rank*.json.gz")) if folder.exists() else []
+    if old:
+        raise UserError(f"{folder}: already holds traces ({old[0].name}); expected an empty or new folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    with _network(cfg) as (popen, master):
+        ranks = run_workers(
+            "trainsim.run.traced", _WorkerConfig(run=asdict(cfg), out=str(folder.resolve())), cfg.world,
+            popen=popen, master=master, port=None, timeout_s=cfg.timeout_s,
+        )  # fmt: skip
+    per_rank = [r["step_ms"] for r in ranks]
+    window = max(sum(s) / len(s) for s in per_rank)
+    return {
+        "config": asdict(cfg),
+        "step_ms": window,
+        "rank_step_ms": per_rank,
+        "traces": [r["trace"] for r in ranks],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerConfig:
+    run: dict[str, Any]
+    out: str
+
+
+@contextlib.contextmanager
+def _network(cfg: TracedRunConfig) -> Iterator[tuple[Any, str]]:
+    """``(popen, master address)`` for the ranks: shaped namespaces when a rate is given."""
+    from trainsim.run.ranks import local_popen
+
+    if cfg.rate_mbit is None and cfg.delay_ms == 0:
+        yield local_popen, "127.0.0.1"
+        return
+    from trainsim.validate.netns import Netns, netns_unavailable
+
+    reason = netns_unavailable()
+    if reason is not None:
+        raise UserError(f"traced run: a shaped link needs network namespaces, and {reason}")
+    with Netns(cfg.world, rate_mbit=cfg.rate_mbit, delay_ms=cfg.delay_ms) as net:
+
+        def popen(rank: int, argv: list[str], **kw: Any) -> Any:
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=net.ifname, OMP_NUM_THREADS="1")
+            return net.popen(rank, argv, env=env, **kw)
+
+        yield popen, net.addr(0)
+
+
+# --------------------------------------------------------------------------- the worker (one per rank)
+def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from trainsim.capture.profile import _annotate_layers, make_optimizer, sidecar, sidecar_path
+    from trainsim.models import zoo
+    from trainsim.run.ranks import init_gloo
+
+    cfg = TracedRunConfig(**wcfg.run)
+    torch.set_num_threads(1)
+    if cfg.world > 1:
+        init_gloo(rank, cfg.world, master, port, cfg.timeout_s)
+    spec = zoo.ZooSpec(batch_size=cfg.batch_size, width=cfg.width, depth=cfg.depth)
+    model, batch = zoo.build_with_batches(cfg.model, seed=cfg.seed, spec=spec)
+    layers = _annotate_layers(model)
+    net: Any = model
+    if cfg.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb)
+    opt = make_optimizer(cfg.optimizer, net.parameters(), 0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(i: int) -> None:
+        x, y = batch(rank * 100_003 + i)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()
+
+    i = 0
+    for _ in range(cfg.warmup):
+        step(i)
+        i += 1
+    if cfg.world > 1:
+        dist.barrier()
+    marks = [time.perf_counter()]
+    for _ in range(cfg.steps):
+        step(i)
+        i += 1
+        marks.append(time.perf_counter())
+    step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)]
+    out = Path(wcfg.out)
+    raw = out / f"rank{rank}.tmp.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=cfg.profiled, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+        record_shapes=True,
+    ) as prof:
+        for _ in range(cfg.profiled + 1):
+            step(i)
+            i += 1
+            prof.step()
+    trace = out / f"rank{rank}.json.gz"
+    trace.write_bytes(gzip.compress(raw.read_bytes(), compresslevel=5))
+    raw.unlink()
+    side = sidecar(model, layers, cfg.model, cfg.batch_size)
+    side.update(steps=cfg.profiled, optimizer=cfg.optimizer, rank=rank, world=cfg.world,
+                rate_mbit=cfg.rate_mbit, delay_ms=cfg.delay_ms, bucket_cap_mb=cfg.bucket_cap_mb)  # fmt: skip
+    sidecar_path(trace).write_text(json.dumps(side, indent=1))
+    if cfg.world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return {"rank": rank, "step_ms": step_ms, "trace": str(trace)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="one rank of trainsim.run.traced (started by traced_run)")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", required=True)
+    a = ap.parse_args(argv)
+    res = _worker(a.rank, a.master, a.port, _WorkerConfig(**json.loads(a.config)))
+    Path(a.out).write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,438 @@
+"""``trainsim validate whatif``: pairs of real runs, the second predicted from the first one's trace.
+
+    $ trainsim validate whatif --quick
+    $ trainsim validate whatif --seed 7 --json --out whatif.json
+
+A *pair* is one program run twice with one thing changed, both runs real and traced
+(``trainsim.run.traced``): the link rate of gloo DDP (``network``), the optimizer (``fused-adam``:
+Adam's per-parameter loop -> torch's fused Adam, one rank) or the batch size (``batch``, one rank).
+Per pair:
+
+1. run the first configuration; its trace (every rank's) is the only input of the prediction;
+2. predict the second one's step with the built-in what-if on that trace
+   (``transform.network.scale_network`` with the rate ratio, ``whatifs.fused_optimizer``,
+   ``whatifs.batch_scale``) and the simulator: ``predicted = first run's measured step + the
+   simulated change`` (per rank, the median over the traced steps of ``what-if step - replayed
+   step``; the slowest rank), so the profiler's own overhead, which the untimed run does not pay,
+   cancels; ``simulated_ms`` is the what-if's absolute step from the trace alone, kept beside it;
+3. once every prediction is written to the result file with its time (``predicted_at``), run the
+   second configurations (``passes`` times, interleaved) and add ``measured_ms`` (the slowest rank's
+   median step, the median over passes) and ``measured_at``. A prediction is never changed after it
+   is written.
+
+Besides the fixed pairs, every invocation draws pairs at random from a seed (printed and stored;
+``--seed`` repeats a draw): link rates 0.25x-5x the base, batch factors, MLP widths, so that some pairs
+use values no rule was tuned on. ``spread`` re-runs some first configurations: the run-to-run noise of
+this host, to read the errors against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import secrets
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+from trainsim.run.traced import TracedRunConfig
+from trainsim.validate import progress_log
+
+PAIR_KINDS = ("batch", "fused-adam", "network")
+"""the changes a pair can make (``--pair``)"""
+
+BASE_RATE_MBIT = {"mlp": 400.0, "cnn": 50.0}
+"""link rate of the first run of a network pair: communication near the compute time (mlp: 2.4 M
+parameters, ~9.5 MB of gradients; cnn: 0.13 M, ~0.5 MB)"""
+
+RATE_RANGE = (0.25, 5.0)
+"""random network pairs: new rate / base rate, log-uniform"""
+
+BATCH_FACTORS = (0.25, 0.5, 0.75, 1.5, 2.0, 3.0)
+"""random batch pairs: new batch / base batch"""
+
+WIDTHS = (512, 768, 1024, 1536)
+"""random MLP widths"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pair:
+    """Two real runs that differ in one thing."""
+
+    kind: str
+    """one of ``PAIR_KINDS``"""
+    first: TracedRunConfig
+    """the run whose trace feeds the prediction"""
+    second: TracedRunConfig
+    """the run that is predicted, then measured"""
+    drawn: bool = False
+    """drawn from the seed (True) or one of the fixed pairs"""
+
+    def __post_init__(self) -> None:
+        if self.kind not in PAIR_KINDS:
+            raise UserError(f"pair kind {self.kind!r}; expected one of {', '.join(PAIR_KINDS)}")
+
+    def change(self) -> dict[str, list[Any]]:
+        """The fields that differ: ``{field: [first, second]}``."""
+        a, b = asdict(self.first), asdict(self.second)
+        return {k: [a[k], b[k]] for k in a if a[k] != b[k]}
+
+    def label(self) -> str:
+        f = self.first
+        what = f"{f.model}" + (f" w{f.width}" if f.model == "mlp" else "") + f" x{f.world}"
+        ch = ", ".join(f"{k} {_fmt(v[0])}->{_fmt(v[1])}" for k, v in self.change().items())
+        return (
+            f"{self.kind}{'*' if self.drawn else ''}: {what} b{f.batch_size} {f.optimizer}"
+            + (f" @{_fmt(f.rate_mbit)} Mbit/s" if f.rate_mbit and "rate_mbit" not in self.change() else "")
+            + f"; {ch}"
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "drawn": self.drawn, "first": asdict(self.first), "change": self.change()}
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _run(model: str, world: int, *, steps: int, profiled: int, **kw: Any) -> TracedRunConfig:
+    return TracedRunConfig(model=model, world=world, steps=steps, profiled=profiled, warmup=3, **kw)
+
+
+def _network(
+    model: str, world: int, factor: float, drawn: bool, steps: int, profiled: int, **kw: Any
+) -> Pair:
+    base = BASE_RATE_MBIT[model]
+    first = _run(model, world, steps=steps, profiled=profiled, rate_mbit=base, **kw)
+    return Pair(
+        kind="network", first=first, second=replace(first, rate_mbit=round(base * factor, 1)), drawn=drawn
+    )
+
+
+def _fused(model: str, drawn: bool, steps: int, profiled: int, **kw: Any) -> Pair:
+    first = _run(model, 1, steps=steps, profiled=profiled, optimizer="adam-loop", **kw)
+    return Pair(kind="fused-adam", first=first, second=replace(first, optimizer="adam-fused"), drawn=drawn)
+
+
+def _batch(model: str, batch: int, new_batch: int, drawn: bool, steps: int, profiled: int, **kw: Any) -> Pair:
+    first = _run(model, 1, steps=steps, profiled=profiled, batch_size=batch, optimizer="adam-loop", **kw)
+    return Pair(kind="batch", first=first, second=replace(first, batch_size=new_batch), drawn=drawn)
+
+
+def fixed_pairs(quick: bool) -> list[Pair]:
+    """The pairs every run measures (``quick``: one per kind, no 4-rank pair)."""
+    s = {"steps": 6, "profiled": 3} if quick else {"steps": 10, "profiled": 4}
+    if quick:
+        return [
+            _network("mlp", 2, 2.5, False, **s),
+            _fused("mlp", False, **s),
+            _batch("cnn", 32, 64, False, **s),
+        ]
+    return [
+        _network("mlp", 2, 2.5, False, **s),
+        _network("mlp", 2, 0.5, False, **s),
+        _network("cnn", 2, 4.0, False, **s),
+        _network("mlp", 4, 2.0, False, **s),
+        _fused("mlp", False, **s),
+        _fused("cnn", False, **s),
+        _batch("mlp", 32, 64, False, **s),
+        _batch("cnn", 32, 16, False, **s),
+    ]
+
+
+def draw_pairs(seed: int, quick: bool) -> list[Pair]:
+    """Pairs drawn from ``seed`` (the same seed, the same pairs): one per kind (``quick``), else two
+    network pairs, one fused-Adam and two batch pairs."""
+    rng = random.Random(seed)
+    s = {"steps": 6, "profiled": 3} if quick else {"steps": 10, "profiled": 4}
+    lo, hi = (math.log(x) for x in RATE_RANGE)
+    out: list[Pair] = []
+    for _ in range(1 if quick else 2):
+        model = rng.choice(("mlp", "cnn"))
+        width = {"width": rng.choice(WIDTHS)} if model == "mlp" else {}
+        factor = round(math.exp(rng.uniform(lo, hi)), 3)
+        out.append(_network(model, 2, factor, True, **s, **width))
+    out.append(_fused("mlp", True, **s, width=rng.choice(WIDTHS)))
+    for _ in range(1 if quick else 2):
+        model = rng.choice(("mlp", "cnn"))
+        width = {"width": rng.choice(WIDTHS)} if model == "mlp" else {}
+        batch = rng.choice((16, 32, 48))
+        new = max(1, round(batch * rng.choice(BATCH_FACTORS)))
+        out.append(_batch(model, batch, new, True, **s, **width))
+    return out
+
+
+# --------------------------------------------------------------------------- prediction
+def rank_median_ms(res: dict[str, Any]) -> list[float]:
+    """Each rank's median timed step (ms) of a ``traced_run`` result."""
+    return [float(statistics.median(s)) for s in res["rank_step_ms"]]
+
+
+def whatif_graph(pair: Pair, trace: str) -> tuple[Any, Any]:
+    """``(replayed graph, what-if graph)`` of one rank's trace of ``pair.first``."""
+    from trainsim.graph.build import build_graph
+    from trainsim.transform import whatifs
+
+    if pair.kind == "batch":
+        tr, batch, shapes = whatifs.batch_context(trace)
+        g = build_graph(tr)
+        factor = pair.second.batch_size / batch
+        return g, whatifs.batch_scale(g, factor, trace=tr, batch_size=batch, param_shapes=shapes)
+    from trainsim.capture.kineto import read_trace
+
+    g = build_graph(read_trace(trace))
+    if pair.kind == "fused-adam":
+        return g, whatifs.fused_optimizer(g)
+    from trainsim.transform.network import scale_network
+
+    assert pair.first.rate_mbit is not None and pair.second.rate_mbit is not None
+    return g, scale_network(g, bw_factor=pair.second.rate_mbit / pair.first.rate_mbit)
+
+
+def predict_pair(pair: Pair, first: dict[str, Any]) -> dict[str, Any]:
+    """The prediction of ``pair.second`` from the first run's result (traces and timed steps only)."""
+    import numpy as np
+
+    from trainsim.simulate.engine import simulate
+
+    base = rank_median_ms(first)
+    predicted, simulated, deltas = [], [], []
+    for r, trace in enumerate(first["traces"]):
+        g, g2 = whatif_graph(pair, trace)
+        s1, s2 = simulate(g).step_ms, simulate(g2).step_ms
+        ok = np.isfinite(s1) & np.isfinite(s2)
+        if not ok.any():
+            raise UserError(f"{trace}: no step could be replayed; cannot predict {pair.label()}")
+        delta = float(np.median(s2[ok] - s1[ok]))
+        deltas.append(delta)
+        predicted.append(base[r] + delta)
+        simulated.append(float(np.median(s2[ok])))
+    return {
+        "predicted_ms": round(max(predicted), 3),
+        "simulated_ms": round(max(simulated), 3),
+        "first_measured_ms": round(max(base), 3),
+        "simulated_change_ms": [round(d, 3) for d in deltas],
+    }
+
+
+# --------------------------------------------------------------------------- the harness
+Runner = Callable[[TracedRunConfig, Path], dict[str, Any]]
+Predictor = Callable[[Pair, dict[str, Any]], dict[str, Any]]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json(path: Path, obj: dict[str, Any]) -> None:
+    """Write ``obj`` to ``path`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def summarise(doc: dict[str, Any]) -> dict[str, Any]:
+    """Fill the error statistics of ``doc`` from its measured runs."""
+    done = [r for r in doc["runs"] if r.get("measured_ms") is not None]
+    errs = [abs(r["error_pct"]) for r in done]
+    sims = [abs(r["sim_error_pct"]) for r in done]
+    doc["mean_abs_error_pct"] = round(sum(errs) / len(errs), 2) if errs else None
+    doc["max_abs_error_pct"] = round(max(errs), 2) if errs else None
+    doc["sim_only_mean_abs_error_pct"] = round(sum(sims) / len(sims), 2) if sims else None
+    drawn = [abs(r["error_pct"]) for r in done if r["config"]["drawn"]]
+    doc["drawn_mean_abs_error_pct"] = round(sum(drawn) / len(drawn), 2) if drawn else None
+    spread = [abs(s["diff_pct"]) for s in doc.get("spread", []) if s.get("diff_pct") is not None]
+    doc["spread_max_abs_pct"] = round(max(spread), 2) if spread else None
+    return doc
+
+
+def run_pairs(
+    pairs: list[Pair],
+    out: Path,
+    *,
+    seed: int,
+    runner: Runner | None = None,
+    predictor: Predictor = predict_pair,
+    passes: int = 1,
+    repeats: int = 1,
+    workdir: Path | None = None,
+    log: Callable[[str], None] = lambda s: None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run, predict, write, then measure every pair (see the module docstring); return the document
+    that ``out`` holds at the end. ``repeats``: how many first configurations run a second time
+    (after the predictions, interleaved with the second runs) to measure the host's spread."""
+    if passes < 1 or repeats < 0:
+        raise UserError(
+            f"validate whatif: passes={passes}, repeats={repeats}; expected passes >= 1, repeats >= 0"
+        )
+    if runner is None:
+        from trainsim.run.traced import traced_run as runner_fn
+
+        runner = runner_fn
+    doc: dict[str, Any] = {"seed": seed, **(meta or {}), "started_at": _now(), "runs": [], "spread": []}
+    with _workdir(workdir) as work:
+        firsts: list[dict[str, Any]] = []
+        for i, pair in enumerate(pairs):
+            log(f"pair {i + 1}/{len(pairs)} first run: {pair.label()}")
+            res = runner(pair.first, work / f"pair{i}-first")
+            firsts.append(res)
+            pred = predictor(pair, res)
+            doc["runs"].append({"label": pair.label(), "config": pair.config(), **pred, "predicted_at": _now(),
+                                "measured_ms": None, "measured_at": None, "error_pct": None})  # fmt: skip
+            log(f"  first {pred['first_measured_ms']:.2f} ms; predicted {pred['predicted_ms']:.2f} ms")
+        for i in range(min(repeats, len(pairs))):
+            doc["spread"].append({"label": pairs[i].label(), "config": asdict(pairs[i].first),
+                                  "first_ms": round(max(rank_median_ms(firsts[i])), 3), "repeat_ms": None})  # fmt: skip
+        write_json(out, doc)  # every prediction is on disk before any second run starts
+        log(f"predictions written to {out}")
+        frozen = [r["predicted_ms"] for r in doc["runs"]]
+        per_pass: list[list[float]] = [[] for _ in pairs]
+        for p in range(passes):
+            for i, pair in enumerate(pairs):
+                log(f"pass {p + 1}/{passes}, pair {i + 1}/{len(pairs)} second run: {pair.label()}")
+                res = runner(pair.second, work / f"pair{i}-second-{p}")
+                per_pass[i].append(max(rank_median_ms(res)))
+                row = doc["runs"][i]
+                meas = statistics.median(per_pass[i])
+                row["measured_ms"] = round(meas, 3)
+                row["measured_passes_ms"] = [round(x, 3) for x in per_pass[i]]
+                row["measured_at"] = _now()
+                row["error_pct"] = round(100 * (row["predicted_ms"] - meas) / meas, 2)
+                row["sim_error_pct"] = round(100 * (row["simulated_ms"] - meas) / meas, 2)
+                log(f"  measured {meas:.2f} ms, error {row['error_pct']:+.1f} %")
+                write_json(out, summarise(doc))
+                if p == 0 and i < repeats:  # the spread: the same first configuration again
+                    rep = runner(pair.first, work / f"pair{i}-repeat")
+                    sp = doc["spread"][i]
+                    sp["repeat_ms"] = round(max(rank_median_ms(rep)), 3)
+                    sp["diff_pct"] = round(100 * (sp["repeat_ms"] - sp["first_ms"]) / sp["first_ms"], 2)
+                    log(f"  repeat of the first run: {sp['first_ms']:.2f} -> {sp['repeat_ms']:.2f} ms")
+                    write_json(out, summarise(doc))
+        assert [r["predicted_ms"] for r in doc["runs"]] == frozen, "a prediction changed after it was written"
+    doc["finished_at"] = _now()
+    write_json(out, summarise(doc))
+    return doc
+
+
+@contextlib.contextmanager
+def _workdir(path: Path | None) -> Iterator[Path]:
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="trainsim-whatif-"))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def select_pairs(
+    kinds: tuple[str, ...], seed: int, quick: bool, netns_ok: bool, notes: list[str]
+) -> list[Pair]:
+    """The fixed and drawn pairs of the chosen kinds (all when ``kinds`` is empty)."""
+    bad = [k for k in kinds if k not in PAIR_KINDS]
+    if bad:
+        raise UserError(f"validate whatif: unknown pair {bad[0]!r}; expected one of {', '.join(PAIR_KINDS)}")
+    pairs = [p for p in fixed_pairs(quick) + draw_pairs(seed, quick) if not kinds or p.kind in kinds]
+    if not netns_ok and any(p.kind == "network" for p in pairs):
+        notes.append("network namespaces unavailable: the network pairs (shaped links) were skipped")
+        pairs = [p for p in pairs if p.kind != "network"]
+    return pairs
+
+
+@click.command("whatif")
+@click.option(
+    "--quick", is_flag=True, help="One fixed and one drawn pair per kind, no 4-rank run (a few minutes)."
+)
+@click.option(
+    "--seed", type=int, default=None, help="Seed of the drawn pairs (default: a fresh one, printed)."
+)
+@click.option(
+    "--pair", "kinds", multiple=True, metavar="KIND", help=f"Only these pairs: {', '.join(PAIR_KINDS)}."
+)
+@click.option("--passes", type=int, default=1, show_default=True, help="Second runs per pair (interleaved).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Result file (predictions are written here before the second runs); default out/whatif-<time>.json.",
+)
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
+def whatif_command(quick: bool, seed: int | None, kinds: tuple[str, ...], passes: int, out: str | None, force: bool,
+                   as_json: bool) -> None:  # fmt: skip
+    """Pairs of real runs: predict the second from the first one's trace, write it down, then measure."""
+    from rich.console import Console
+
+    from trainsim.cli.core import check_new_file
+    from trainsim.validate.netns import netns_unavailable
+
+    if seed is not None and seed < 0:
+        raise UserError(f"validate whatif: --seed {seed}; expected an integer >= 0")
+    if passes < 1:
+        raise UserError(f"validate whatif: --passes {passes}; expected >= 1")
+    if seed is None:
+        seed = secrets.randbelow(2**31)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = Path(out) if out else Path("out") / f"whatif-{stamp}.json"
+    check_new_file(str(path), force, "--out")
+    if not path.parent.is_dir():
+        if out:
+            raise UserError(f"--out {out!r}: folder {path.parent} does not exist")
+        path.parent.mkdir(parents=True)
+    notes: list[str] = []
+    reason = netns_unavailable()
+    pairs = select_pairs(kinds, seed, quick, reason is None, notes)
+    log = progress_log(Console(stderr=True))
+    log(f"seed {seed} (repeat this draw with --seed {seed}); {len(pairs)} pairs; results -> {path}")
+    for n in notes:
+        log(n)
+    kind_opts = "".join(f" --pair {k}" for k in kinds)
+    meta = {"command": f"trainsim validate whatif{' --quick' if quick else ''} --seed {seed}{kind_opts} --passes {passes}",
+            "quick": quick, "passes": passes, "machine": machine(), "notes": notes,
+            "method": "predicted = first run's median step + simulated change (what-if minus replay, median over "
+                      "the first trace's steps, slowest rank); simulated_ms = the what-if's step from the trace alone"}  # fmt: skip
+    doc = run_pairs(pairs, path, seed=seed, passes=passes, repeats=1 if quick else 3, log=log, meta=meta)
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"what-if pairs (seed {seed}; * drawn at random)")
+    for h in ("pair", "first ms", "predicted ms", "measured ms", "error %"):
+        t.add_column(h, justify="left" if h == "pair" else "right")
+    for r in doc["runs"]:
+        t.add_row(r["label"], f"{r['first_measured_ms']:.2f}", f"{r['predicted_ms']:.2f}", f"{r['measured_ms']:.2f}",
+                  f"{r['error_pct']:+.1f}")  # fmt: skip
+    Console().print(t)
+    click.echo(f"mean |error| {doc['mean_abs_error_pct']} %, max {doc['max_abs_error_pct']} %; "
+               f"host spread (same config twice) up to {doc['spread_max_abs_pct']} %; written to {path}")  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "host": platform.node()}  # fmt: skip

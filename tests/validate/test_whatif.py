@@ -1,0 +1,226 @@
+"""What-if pairs: seeded draws, predictions frozen before the second run, the batch what-if, the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.tracefactory import TraceMaker
+from trainsim.capture.kineto import read_trace
+from trainsim.cli.main import main
+from trainsim.errors import UserError
+from trainsim.graph.build import build_graph
+from trainsim.run.traced import TracedRunConfig
+from trainsim.transform import whatifs
+from trainsim.transform.primitives import select
+from trainsim.validate import whatif as wi
+
+B = 8  # the batch of the hand-made trace
+
+
+def _dims(shapes: list[list[int]]) -> dict[str, Any]:
+    return {"Input Dims": shapes}
+
+
+def _batch_trace(tmp_path: Path) -> Path:
+    """One step: input batch, a linear layer (addmm on the batch, a view of the weight), the
+    optimizer's per-parameter add_ (parameter shapes only), and a collective."""
+    t = TraceMaker()
+    t.step(1, 0, 1000)
+    t.cpu("aten::normal_", 10, 40, **_dims([[B, 16]]))
+    t.cpu("layer:fc", 100, 400, cat="user_annotation")
+    t.cpu("aten::linear", 110, 380, **_dims([[B, 16], [4, 16], [4]]))
+    t.cpu("aten::t", 120, 10, **_dims([[4, 16]]))
+    t.cpu("aten::addmm", 140, 300, **_dims([[4], [B, 16], [16, 4]]))
+    t.cpu("Optimizer.step#SGD.step", 600, 200, cat="user_annotation")
+    t.cpu("aten::add_", 620, 50, **_dims([[4, 16], [4, 16], []]))
+    t.cpu("aten::add_", 700, 20, **_dims([[4], [4], []]))
+    t.cpu("gloo:all_reduce", 850, 100, **_dims([[B * 10]]))
+    path = t.write(tmp_path / "batch.json")
+    side = {"model": "fake", "batch_size": B, "layers": ["fc"],
+            "params": [{"name": "fc.weight", "shape": [4, 16]}, {"name": "fc.bias", "shape": [4]}]}  # fmt: skip
+    (tmp_path / "batch.trainsim.json").write_text(json.dumps(side))
+    return path
+
+
+def test_batch_work_is_what_takes_the_batch(tmp_path: Path) -> None:
+    tr = read_trace(_batch_trace(tmp_path))
+    g = build_graph(tr)
+    work = whatifs.batch_work(g, tr, B, [[4, 16], [4]])
+    names = sorted({g.task_name(int(t)) for t in np.flatnonzero(work)})
+    # the input batch, the GEMM and the pieces of linear's own time; not the view, the optimizer or comm
+    assert names == ["aten::addmm", "aten::linear", "aten::normal_"]
+
+
+def test_batch_scale_follows_the_op_cost_model(tmp_path: Path) -> None:
+    from tests.transform.test_opcost import fake_table
+
+    tr, batch, shapes = whatifs.batch_context(_batch_trace(tmp_path))
+    assert batch == B and shapes == [[4, 16], [4]]
+    g = build_graph(tr)
+    g2 = whatifs.batch_scale(g, 2.0, trace=tr, batch_size=batch, param_shapes=shapes, cost=fake_table())
+    mm, lin, opt = select(g, name="addmm"), select(g, name="aten::linear"), select(g, name="add_")
+    # the fake GEMM time grows as sqrt(rows): twice the batch is sqrt(2) times the traced addmm
+    assert g2.dur_us[mm].sum() == pytest.approx(np.sqrt(2) * g.dur_us[mm].sum())
+    assert g2.dur_us[lin].sum() == pytest.approx(2 * g.dur_us[lin].sum())  # no model: linear
+    assert g2.dur_us[opt].sum() == pytest.approx(g.dur_us[opt].sum())  # per-parameter work: unchanged
+    with pytest.raises(UserError, match="no task does batch work"):  # wrong batch size: nothing matches
+        whatifs.batch_scale(g, 2.0, trace=tr, batch_size=B + 1, param_shapes=shapes, cost=fake_table())
+    with pytest.raises(UserError, match="factor"):
+        whatifs.batch_scale(g, 0.0, trace=tr, batch_size=batch, param_shapes=shapes, cost=fake_table())
+
+
+def test_whatif_batch_scale_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.transform.test_opcost import fake_table
+    from trainsim.transform import opcost
+
+    monkeypatch.setattr(opcost, "load_or_calibrate", lambda *a, **k: fake_table())  # no 20 s calibration here
+    trace = _batch_trace(tmp_path)
+    assert main(["whatif", str(trace), "--batch-scale", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["whatif"][0].startswith("batch x3") and out["whatif_ms"] > out["baseline_ms"]
+    (tmp_path / "batch.trainsim.json").unlink()
+    assert main(["whatif", str(trace), "--batch-scale", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sidecar" in err and len(err.splitlines()) == 1
+    assert main(["whatif", str(trace), "--batch-scale", "0"]) == 2
+
+
+def test_draws_repeat_with_the_seed_and_stay_in_range() -> None:
+    a, b = wi.draw_pairs(123, quick=False), wi.draw_pairs(123, quick=False)
+    assert a == b and all(p.drawn for p in a)
+    assert wi.draw_pairs(124, quick=False) != a
+    for seed in range(40):
+        for p in wi.draw_pairs(seed, quick=True):
+            if p.kind == "network":
+                assert p.first.rate_mbit is not None and p.second.rate_mbit is not None
+                ratio = p.second.rate_mbit / p.first.rate_mbit
+                assert wi.RATE_RANGE[0] * 0.99 <= ratio <= wi.RATE_RANGE[1] * 1.01
+            assert list(p.change()) == {"network": ["rate_mbit"], "fused-adam": ["optimizer"],
+                                        "batch": ["batch_size"]}[p.kind]  # fmt: skip
+
+
+def test_predictions_are_on_disk_before_any_second_run(tmp_path: Path) -> None:
+    pairs = wi.draw_pairs(5, quick=True)
+    out = tmp_path / "res.json"
+    calls: list[str] = []
+    seconds = {id(p.second): i for i, p in enumerate(pairs)}
+
+    def runner(cfg: TracedRunConfig, folder: Path) -> dict[str, Any]:
+        i = next((j for s, j in seconds.items() if s == id(cfg)), None)
+        if i is not None:  # a second run: its prediction, and every other one, must already be written
+            doc = json.loads(out.read_text())
+            assert all(r["predicted_ms"] is not None and r["predicted_at"] for r in doc["runs"])
+            assert len(doc["runs"]) == len(pairs)
+            calls.append("second")
+            return {"rank_step_ms": [[12.0, 10.0, 11.0]], "traces": []}
+        calls.append("first")
+        return {"rank_step_ms": [[9.0, 10.0, 11.0], [10.0, 10.0, 10.5]], "traces": []}
+
+    def predictor(pair: wi.Pair, first: dict[str, Any]) -> dict[str, Any]:
+        assert not out.exists() or len(json.loads(out.read_text())["runs"]) == 0
+        return {"predicted_ms": 12.1, "simulated_ms": 14.0, "first_measured_ms": max(wi.rank_median_ms(first))}
+
+    doc = wi.run_pairs(pairs, out, seed=5, runner=runner, predictor=predictor, repeats=1, passes=2,
+                       workdir=tmp_path / "w")  # fmt: skip
+    n = len(pairs)
+    assert calls[:n] == ["first"] * n and calls.count("second") == 2 * n and calls.count("first") == n + 1
+    on_disk = json.loads(out.read_text())
+    assert on_disk == json.loads(json.dumps(doc)) and on_disk["seed"] == 5
+    r = on_disk["runs"][0]
+    assert r["measured_ms"] == 11.0 and r["error_pct"] == pytest.approx(10.0) and r["measured_passes_ms"] == [11.0, 11.0]
+    assert r["predicted_at"] <= r["measured_at"]
+    assert on_disk["mean_abs_error_pct"] == pytest.approx(10.0) and on_disk["max_abs_error_pct"] == pytest.approx(10.0)
+    assert on_disk["spread"][0]["first_ms"] == 10.0 and on_disk["spread"][0]["repeat_ms"] == 10.0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--seed", "-1"], ["--pair", "nope"], ["--passes", "0"], ["--seed", "x"]],
+)
+def test_bad_input_is_one_line_exit_2(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "whatif", "--out", str(tmp_path / "r.json"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "error" in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_existing_out_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "r.json").write_text("{}")
+    assert main(["validate", "whatif", "--out", str(tmp_path / "r.json")]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_real_fused_adam_pair(tmp_path: Path) -> None:
+    first = TracedRunConfig(model="mlp", world=1, width=256, optimizer="adam-loop", warmup=2, steps=5, profiled=3)
+    pair = wi.Pair(kind="fused-adam", first=first, second=TracedRunConfig(**{**_asdict(first), "optimizer": "adam-fused"}))
+    doc = wi.run_pairs([pair], tmp_path / "r.json", seed=0, repeats=0, workdir=tmp_path / "w")
+    r = doc["runs"][0]
+    assert r["predicted_ms"] > 0 and r["measured_ms"] > 0 and r["predicted_at"] <= r["measured_at"]
+    assert r["predicted_ms"] < r["first_measured_ms"]  # fusing removes work
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.netns
+def test_real_network_pair(tmp_path: Path) -> None:
+    from trainsim.validate.netns import netns_unavailable
+
+    if netns_unavailable():
+        pytest.skip(str(netns_unavailable()))
+    first = TracedRunConfig(model="mlp", world=2, width=512, rate_mbit=200.0, warmup=2, steps=4, profiled=2)
+    pair = wi.Pair(kind="network", first=first, second=TracedRunConfig(**{**_asdict(first), "rate_mbit": 400.0}))
+    doc = wi.run_pairs([pair], tmp_path / "r.json", seed=0, repeats=0, workdir=tmp_path / "w")
+    r = doc["runs"][0]
+    assert r["measured_ms"] < r["first_measured_ms"]  # the real run got faster on the faster link
+    assert abs(r["error_pct"]) < 50
+
+
+def _asdict(cfg: TracedRunConfig) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(cfg)
+
+
+def _gpu_bench() -> Any:
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu_whatif.py"
+    spec = importlib.util.spec_from_file_location("gpu_whatif", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_benchmark_skips_without_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    bench = _gpu_bench()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "gpu.json"
+    assert bench.main(["--out", str(out)]) == 0
+    assert "skipped: no CUDA device" in capsys.readouterr().out and not out.exists()
+    assert [w for w, _, _ in bench.pairs(quick=False)] == ["amp", "fused_optimizer"] * 2
+
+
+def test_gpu_benchmark_result_writer(tmp_path: Path) -> None:
+    """The writer with a made-up result (nothing measured): errors and summary from the rows."""
+    bench = _gpu_bench()
+    doc = {"gpu": "fake", "runs": [{"predicted_ms": 9.0, "measured_ms": 10.0}, {"predicted_ms": 5.0, "measured_ms": None}]}
+    bench.write_result(tmp_path / "g.json", doc)
+    back = json.loads((tmp_path / "g.json").read_text())
+    assert back["runs"][0]["error_pct"] == -10.0 and "error_pct" not in back["runs"][1]
+    assert back["mean_abs_error_pct"] == 10.0 and back["max_abs_error_pct"] == 10.0
