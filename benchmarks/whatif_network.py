@@ -17,7 +17,8 @@
    overhead and the host's load put under any prediction.
 4. ``--repeat N`` runs the base configuration N more times: the run-to-run spread of this host.
 
-Writes docs/benchmarks/whatif_network.json (or ``--out``) with the date, machine and command.
+Writes docs/benchmarks/whatif_network.json (or ``--out``) with the date, machine and command, and
+a table beside it (``.md``; ``docs/benchmarks/whatif_network.md`` joins docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -47,6 +48,53 @@ def _cluster_file(folder: Path, mbit: float, name: str) -> Path:
     p.write_text(f'nodes = 2\ndevices_per_node = 1\ndevice = "this-cpu"\n'
                  f"inter_link = {{ bw_gbps = {mbit / 8000:.9g}, latency_us = 50 }}\n")  # fmt: skip
     return p
+
+
+def _dump(doc: dict[str, Any], work: Path) -> str:
+    """The result as JSON, each trace named relative to the run's folder (which may be temporary)."""
+
+    def rel(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: (str(Path(v).relative_to(work)) if k == "trace" and isinstance(v, str) and v.startswith(str(work))
+                        else rel(v)) for k, v in x.items()}  # fmt: skip
+        return [rel(v) for v in x] if isinstance(x, list) else x
+
+    return json.dumps(rel(doc), indent=1)
+
+
+def _markdown(doc: dict[str, Any]) -> str:
+    """The docs table of one benchmark run."""
+    b = doc["base"]
+    lines = [
+        "# Network what-if on a real DDP trace vs real runs at other link rates",
+        "",
+        f"Command: `{doc['command']}`  ",
+        f"Machine: {doc['machine']['cpus']} cores, {doc['machine']['platform']}, Python {doc['machine']['python']}  ",
+        f"Date: {doc['date']}; predictions frozen at {doc['predictions_frozen_at']}, before the first other run",
+        "",
+        f"{doc['model']}, {doc['world']} ranks of gloo DDP in network namespaces, traced at {doc['base_mbit']:g} Mbit/s "
+        f"(median step {b['median_step_ms']:.1f} ms, its trace simulated {doc['simulated_base_ms']:.1f} ms). Each other "
+        "rate is predicted from rank 0's trace alone with `trainsim whatif TRACE --network-bw F` "
+        "(`--network-cluster` agrees within 0.5 %), then run; measured: the median of the timed steps (no profiler).",
+        "",
+        "| factor | Mbit/s | measured ms | predicted ms | error % | run's own trace replayed, error % |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r, p in zip(doc["runs"], doc["predictions"], strict=True):
+        lines.append(f"| {p['factor']:g} | {p['rate_mbit']:g} | {r['median_step_ms']:.1f} | "
+                     f"{p['predicted_ms_network_bw']:.1f} | {r['error_pct_network_bw']:+.1f} | "
+                     f"{r['own_trace_error_pct']:+.1f} |")  # fmt: skip
+    errs = [abs(r["error_pct_network_bw"]) for r in doc["runs"]]
+    sp = doc["spread"]
+    lines += [
+        "",
+        f"Worst error {max(errs):.1f} %, mean {statistics.mean(errs):.1f} % (target: each rate from 0.25x to 5x "
+        f"within 10 %: {'met' if max(errs) <= 10 else 'not met'}). The last column is the floor the profiler and "
+        "the host's load put under any prediction. Base configuration run again: "
+        f"{', '.join(f'{x:.1f}' for x in sp['base_median_step_ms'])} ms (spread {sp['max_minus_min_pct']:.1f} %). "
+        f"Collectives: {doc['predictions'][0]['split']}.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _quiet(max_wait_s: float, below: float) -> None:
@@ -136,7 +184,7 @@ def main() -> None:
     doc["predictions_frozen_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
+    out.write_text(_dump(doc, work))
     print(f"predictions written to {out} ({preds[0]['split']})", flush=True)
     # ---- 3. the real runs
     runs = []
@@ -149,7 +197,7 @@ def main() -> None:
               f"{p['predicted_ms_network_bw']:.1f} ({err_bw:+.1f} %) / {p['predicted_ms_network_cluster']:.1f} "
               f"({err_cl:+.1f} %)", flush=True)  # fmt: skip
         doc["runs"] = runs
-        out.write_text(json.dumps(doc, indent=1))
+        out.write_text(_dump(doc, work))
     # ---- the noise floor: each run's own trace replayed (no what-if) against its timed steps
     for r in runs:
         own = json.loads(subprocess.run([TRAINSIM, "replay", r["trace"], "--json"], capture_output=True, text=True,
@@ -162,7 +210,7 @@ def main() -> None:
         reps.append(_run(cfg(a.base_mbit), work / f"repeat{i}")["median_step_ms"])
     doc["spread"] = {"base_median_step_ms": reps,
                      "max_minus_min_pct": (max(reps) - min(reps)) / statistics.median(reps) * 100}  # fmt: skip
-    out.write_text(json.dumps(doc, indent=1))
+    out.write_text(_dump(doc, work))
     # ---- the table
     print(f"\n{a.model}, {a.world} ranks, traced at {a.base_mbit:g} Mbit/s (median step {base['median_step_ms']:.1f} ms, "
           f"simulated {doc['simulated_base_ms']:.1f} ms); predictions from rank 0's trace only")  # fmt: skip
@@ -176,7 +224,8 @@ def main() -> None:
           "the profiler and the host's load put under any prediction)")
     print(f"base configuration repeated: {', '.join(f'{x:.1f}' for x in reps)} ms "
           f"(spread {doc['spread']['max_minus_min_pct']:.1f} %)")  # fmt: skip
-    print(f"wrote {out}")
+    out.with_suffix(".md").write_text(_markdown(doc))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

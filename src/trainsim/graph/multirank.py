@@ -22,7 +22,9 @@ show who waited for whom. ``load_job`` builds the job's graph in five steps:
 3. **Align clocks.** Profilers on different hosts use different clocks. A collective ends at nearly
    the same time on every rank, so each rank's offset to the first rank is the median, over the
    matched collectives, of the difference of their end times (the median ignores the odd range that
-   closed late because its thread was descheduled). If the ends still disagree by more than
+   closed late because its thread was descheduled), kept within the bounds causality sets (no rank's
+   collective ends before every rank has arrived). Ranks recorded on the same host as the first share
+   its clock: their offset stays 0 where causality allows it. If the ends still disagree by more than
    ``max(ALIGN_TOL_US, ALIGN_TOL_FRAC x the median collective)`` (median over collectives), the
    clocks cannot be aligned: an error naming the ranks.
 4. **Merge.** Resources are renamed ``r<rank>/<name>``; times move to the job's clock; a ``start``
@@ -537,19 +539,29 @@ def _align(traces: list[Trace], colls: list[list[_Coll]], keys: list[tuple[Any, 
     by_key = [{c.key: c for c in cs} for cs in colls]
     ends = np.array([[bk[k].t1 for k in keys] for bk in by_key])  # [rank, collective], own clocks
     durs = np.array([[bk[k].t1 - bk[k].t0 for k in keys] for bk in by_key])
+    starts = ends - durs
     offsets = np.median(ends - ends[0], axis=1)
+    hosts = [tr.meta.get("host_name") for tr in traces]
+    # causality: a collective ends on a rank only after every rank arrived, which bounds each offset;
+    # ranks recorded on the reference rank's host share its clock: kept at 0 unless that breaks causality
+    same_clock = np.zeros(len(traces), np.bool_)
+    for i in range(1, len(traces)):
+        lo, hi = float((starts[i] - ends[0]).max()), float((ends[i] - starts[0]).min())
+        if hosts[i] and hosts[i] == hosts[0] and lo <= 0.0 <= hi:
+            offsets[i], same_clock[i] = 0.0, True
+        elif lo <= hi:
+            offsets[i] = min(max(float(offsets[i]), lo), hi)
     resid = ends - ends[0] - offsets[:, None]
     tol = max(ALIGN_TOL_US, ALIGN_TOL_FRAC * float(np.median(durs.max(axis=0))))
     worst = float("nan")
     per_rank = np.median(np.abs(resid), axis=1)
     for i in range(1, len(traces)):
-        if per_rank[i] > tol:
+        if per_rank[i] > tol and not same_clock[i]:
             raise UserError(
                 f"ranks {ranks[0]} and {ranks[i]} ({files[0].name}, {files[i].name}): their {len(keys)} common "
                 f"collectives end {per_rank[i] / 1e3:.2f} ms apart (median) at the best clock offset, more than the "
                 f"{tol / 1e3:.2f} ms tolerance; the clocks cannot be aligned"
             )
-    hosts = [tr.meta.get("host_name") for tr in traces]
     for i in range(1, len(traces)):
         for j in range(i):
             if hosts[i] and hosts[i] == hosts[j] and abs(offsets[i] - offsets[j]) > SAME_HOST_MAX_OFFSET_US:
