@@ -36,6 +36,7 @@ The builder (``graph/build.py``, step 4) calls these on its thread plans, after 
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -130,10 +131,12 @@ def clip_late_ends(plans: dict[Key, list[Any]], anchor_key: Key | None, inside: 
     ends, end_t = _ends(plans, anchor_key)
     comm = sorted(((s.t1, k, i) for k, i in ((e[1], e[2]) for e in ends) if (s := plans[k][i]).kind == TaskKind.COMM),
                   key=lambda e: e[0])  # fmt: skip
+    if not comm:
+        return 0
     comm_t = [e[0] for e in comm]
     cut = 0
     for idx, w in enumerate(plans[anchor_key]):
-        if idx in inside or w.kind != TaskKind.CPU or not _may_wait(w) or w.t1 - w.t0 < WAIT_MIN_US:
+        if w.t1 - w.t0 < WAIT_MIN_US or idx in inside or w.kind != TaskKind.CPU or not _may_wait(w):
             continue
         j = bisect.bisect_right(end_t, w.t1) - 1
         if j >= 0 and end_t[j] > w.t0 and _short_tail(w.t1 - end_t[j], end_t[j] - w.t0):
@@ -182,7 +185,8 @@ def find_waits(
         v.sort()
     out: dict[int, Wait] = {}
     for idx, w in enumerate(plans[anchor_key]):
-        if idx in inside or w.kind != TaskKind.CPU or not _may_wait(w):
+        # a stretch shorter than WAIT_MIN_US cannot have waited that long
+        if w.t1 - w.t0 < WAIT_MIN_US or idx in inside or w.kind != TaskKind.CPU or not _may_wait(w):
             continue
         j = bisect.bisect_right(end_t, w.t1) - 1
         if j < 0 or end_t[j] <= w.t0 or not _short_tail(w.t1 - end_t[j], end_t[j] - w.t0, tail_us):
@@ -237,4 +241,9 @@ def _short_tail(tail: float, waited: float, tail_us: float = WAIT_TAIL_US) -> bo
 
 def _may_wait(s: Any) -> bool:
     """Untraced time, a range that is no operator, or an operator that waits by name."""
-    return s.name == GAP or s.op is None or WAIT_OP_RX.search(s.name) is not None
+    return s.name == GAP or s.op is None or _waits_by_name(s.name)
+
+
+@functools.lru_cache(maxsize=65536)
+def _waits_by_name(name: str) -> bool:
+    return WAIT_OP_RX.search(name) is not None

@@ -156,11 +156,7 @@ def add_syncs(
                 wait_from = None
             if o >= 0:
                 last_launch = o
-                gname = b.symbol_of(int(name_col[o])) or ""
-                if SYNC_COPY_RX.search(name) or (
-                    COPY_RX.search(name)
-                    and ("Pageable" in gname or ("DtoH" in gname and "Pinned" not in gname))
-                ):
+                if _sync_copy(name) or (_copy(name) and _host_waits(b.symbol_of(int(name_col[o])) or "")):
                     deps[i], is_copy[i] = [o], True
                 continue
             rl = role[name]
@@ -290,6 +286,22 @@ def _role(name: str) -> int:
         if rx.search(name):
             return r
     return _OTHER
+
+
+@functools.lru_cache(maxsize=1024)
+def _sync_copy(name: str) -> bool:
+    return SYNC_COPY_RX.search(name) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _copy(name: str) -> bool:
+    return COPY_RX.search(name) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_waits(copy_name: str) -> bool:
+    """Whether the host waits for a copy of this kind (to pageable memory, or device to host not pinned)."""
+    return "Pageable" in copy_name or ("DtoH" in copy_name and "Pinned" not in copy_name)
 
 
 @functools.lru_cache(maxsize=1024)
