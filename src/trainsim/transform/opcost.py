@@ -274,17 +274,20 @@ def default_path() -> Path:
     return Path(base) / "trainsim" / "opcost.json"
 
 
+def cpu_model() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what ``platform`` knows."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def machine_identity(threads: int = 1) -> dict[str, Any]:
     """What makes a calibration valid: the CPU, its core count, torch, and the intra-op threads used."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": threads,
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__, "threads": threads,
             "host": platform.node(), "version": CALIBRATION_VERSION}  # fmt: skip
 
 

@@ -428,11 +428,7 @@ def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+    from trainsim.transform.opcost import cpu_model
+
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
             "host": platform.node()}  # fmt: skip
