@@ -1,7 +1,7 @@
 """Network what-ifs of a real DDP trace against real runs at other link rates (issue 46).
 
-    realrun .venv/bin/python benchmarks/whatif_network.py                   # mlp, 2 ranks, 100 Mbit/s, ~6 min
-    realrun .venv/bin/python benchmarks/whatif_network.py --model cnn --factors 0.5 --repeat 0 --no-random
+    python benchmarks/whatif_network.py                   # mlp, 2 ranks, 100 Mbit/s, ~6 min
+    python benchmarks/whatif_network.py --model cnn --factors 0.5 --repeat 0 --no-random
 
 1. One traced run at ``--base-mbit`` (``trainsim.run.traced``: gloo DDP ranks in shaped network
    namespaces, each writing its Kineto trace).

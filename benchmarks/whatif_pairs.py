@@ -1,8 +1,8 @@
 """What-if pairs on this CPU: predict a real run from another real run's trace, then measure it.
 
-    realrun python benchmarks/whatif_pairs.py              # fixed + drawn pairs (~10-15 min on 2 cores)
-    realrun python benchmarks/whatif_pairs.py --seed 7     # repeat a draw
-    realrun python benchmarks/whatif_pairs.py --runs 3     # three validations in a row (fresh seeds)
+    python benchmarks/whatif_pairs.py              # fixed + drawn pairs (~10-15 min on 2 cores)
+    python benchmarks/whatif_pairs.py --seed 7     # repeat a draw
+    python benchmarks/whatif_pairs.py --runs 3     # three validations in a row (fresh seeds)
 
 Runs ``trainsim validate whatif`` (not quick) and writes its JSON to docs/benchmarks/whatif_pairs.json
 (with ``--runs N``: the list of the N documents) and a table per run to docs/benchmarks/whatif.md.
