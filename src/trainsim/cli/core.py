@@ -42,6 +42,11 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 
 def _load(trace: str) -> Any:
+    return _load_with_trace(trace)[1]
+
+
+def _load_with_trace(trace: str) -> tuple[Any, Any]:
+    """The parsed trace and its task graph (what-ifs that read the operators' shapes need both)."""
     from trainsim.capture.kineto import read_trace
     from trainsim.graph.build import build_graph
 
@@ -52,7 +57,7 @@ def _load(trace: str) -> Any:
         g = build_graph(tr)
     for w in caught:
         click.echo(f"trainsim: warning: {w.message}", err=True)
-    return g
+    return tr, g
 
 
 def _measured_ms(g: Any) -> float | None:
@@ -319,7 +324,7 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, batch_scale: float | No
         from trainsim.cluster.spec import load_cluster
 
         specs = (load_cluster(new_cluster), load_cluster(old_cluster) if old_cluster else None)
-    g = _load(trace)
+    tr, g = _load_with_trace(trace)
     base = simulate(g)
     g2 = g
     applied = []
@@ -327,10 +332,10 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, batch_scale: float | No
         g2 = whatifs.amp(g2)
         applied.append("amp")
     if fused_optimizer:
-        g2 = whatifs.fused_optimizer(g2)
+        g2 = whatifs.fused_optimizer(g2, tr)
         applied.append("fused-optimizer")
     if batch_scale is not None:
-        tr, batch, shapes = whatifs.batch_context(trace)
+        _, batch, shapes = whatifs.batch_context(trace, tr)
         g2 = whatifs.batch_scale(g2, batch_scale, trace=tr, batch_size=batch, param_shapes=shapes)
         applied.append(f"batch x{batch_scale:g} ({batch} -> {batch * batch_scale:g} samples)")
     for s in scales:

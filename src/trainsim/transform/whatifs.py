@@ -470,9 +470,10 @@ def _op_ratio(op: Event, batch: int, factor: float, params: set[tuple[int, ...]]
     return factor if r is None or not np.isfinite(r) or r <= 0 else r
 
 
-def batch_context(path: str | Path) -> tuple[Trace, int, list[list[int]]]:
+def batch_context(path: str | Path, trace: Trace | None = None) -> tuple[Trace, int, list[list[int]]]:
     """``(parsed trace, batch size, parameter shapes)`` of a trace written by ``trainsim profile`` or
-    ``trainsim.run.traced`` (the batch size and shapes come from its sidecar ``<trace>.trainsim.json``)."""
+    ``trainsim.run.traced`` (the batch size and shapes come from its sidecar ``<trace>.trainsim.json``);
+    ``trace``: the trace at ``path`` already parsed (else it is read here)."""
     import json
 
     from trainsim.capture.kineto import read_trace
@@ -488,4 +489,4 @@ def batch_context(path: str | Path) -> tuple[Trace, int, list[list[int]]]:
         shapes = [list(p["shape"]) for p in meta.get("params", [])]
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{side}: not a trainsim sidecar ({exc!r}); expected batch_size and params") from None
-    return read_trace(path), batch, shapes
+    return (trace if trace is not None else read_trace(path)), batch, shapes

@@ -183,19 +183,18 @@ def rank_median_ms(res: dict[str, Any]) -> list[float]:
 
 def whatif_graph(pair: Pair, trace: str) -> tuple[Any, Any]:
     """``(replayed graph, what-if graph)`` of one rank's trace of ``pair.first``."""
+    from trainsim.capture.kineto import read_trace
     from trainsim.graph.build import build_graph
     from trainsim.transform import whatifs
 
+    tr = read_trace(trace)
+    g = build_graph(tr)
     if pair.kind == "batch":
-        tr, batch, shapes = whatifs.batch_context(trace)
-        g = build_graph(tr)
+        _, batch, shapes = whatifs.batch_context(trace, tr)
         factor = pair.second.batch_size / batch
         return g, whatifs.batch_scale(g, factor, trace=tr, batch_size=batch, param_shapes=shapes)
-    from trainsim.capture.kineto import read_trace
-
-    g = build_graph(read_trace(trace))
     if pair.kind == "fused-adam":
-        return g, whatifs.fused_optimizer(g)
+        return g, whatifs.fused_optimizer(g, tr)
     from trainsim.transform.network import scale_network
 
     assert pair.first.rate_mbit is not None and pair.second.rate_mbit is not None
