@@ -3,8 +3,9 @@
 
     python3 dev.py demo          # set up, profile a built-in model on the CPU, replay it, show what-ifs
     python3 dev.py test          # set up, run the default test suite (one process, CPU, < 10 min)
-    python3 dev.py test --all    # also the slow, multi-process and network-namespace tests
+    python3 dev.py test --all    # also the slow, multi-process and network-namespace tests (and gpu with CUDA)
     python3 dev.py lint          # ruff and mypy
+    python3 dev.py results       # render docs/benchmarks.md from the result records in docs/benchmarks/*.json
 
 The environment lives in .venv beside this file. torch is installed as the CPU build of 2.13.0
 when no torch is present (a bare ``torch`` requirement can pull a multi-GB CUDA build).
@@ -47,10 +48,18 @@ def setup() -> None:
     STAMP.touch()
 
 
+def _has_cuda() -> bool:
+    """Whether the venv's torch sees a CUDA device: then ``test --all`` runs the ``gpu`` tests too."""
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([str(PY), "-c", probe], capture_output=True).returncode == 0
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"demo", "test", "lint", "setup"}:
+    if not argv or argv[0] not in {"demo", "test", "lint", "setup", "results"}:
         print(__doc__)
         return 2
+    if argv[0] == "results":  # standard library only: no venv needed
+        return _run(sys.executable, ROOT / "benchmarks" / "results.py", *argv[1:], check=False)
     setup()
     cmd, rest = argv[0], argv[1:]
     if cmd == "setup":
@@ -63,7 +72,8 @@ def main(argv: list[str]) -> int:
     if "--all" in rest:
         rest = [a for a in rest if a != "--all"]
         rc = _run(PY, "-m", "pytest", "-q", *rest, check=False)
-        marked = _run(PY, "-m", "pytest", "-q", "-m", "slow or multiproc or netns", *rest, check=False)
+        markers = "slow or multiproc or netns" + (" or gpu" if _has_cuda() else "")
+        marked = _run(PY, "-m", "pytest", "-q", "-m", markers, *rest, check=False)
         return rc or (0 if marked == 5 else marked)
     return _run(PY, "-m", "pytest", "-q", *rest, check=False)
 

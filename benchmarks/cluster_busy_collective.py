@@ -9,7 +9,7 @@ then run matrix multiplies for 60 ms before waiting. The time is from posting to
 future's callback ran (on gloo's thread), as rank 0 sees it. The difference is what a transfer pays
 for being in flight while the ranks compute on a host whose cores they share with gloo's threads.
 The calibration's all-gather line is timed the idle way. Writes the ``busy_collective`` section of
-docs/benchmarks/cluster.md.
+a record docs/benchmarks/cluster.<name>.json.
 """
 
 from __future__ import annotations

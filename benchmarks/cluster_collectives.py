@@ -9,7 +9,7 @@ For each link: open the 2-namespace network and run two independent calibrations
 turns): the *fit* run at the calibration grid (x2 apart), whose fitted model is reported, and the
 *check* run at the grid's ends and at the sizes halfway between its sizes (x1.41), against which the
 model's error is taken, so the figure is out-of-sample in time and, but for the two ends, in size. Writes the
-``collectives`` section of docs/benchmarks/cluster.md. Target (issue 3): within 5 % from 1 KB to 256 MB.
+``collectives`` section of a record docs/benchmarks/cluster.<name>.json. Target (issue 3): within 5 % from 1 KB to 256 MB.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 FP32 and BF16 matrix-multiply rate (torch.mm 2048x2048 on all threads, best of 5) and memory bandwidth
 (copy of a 256 MiB tensor, read + write bytes, best of 5). Writes the ``cpu_peak`` section of
-docs/benchmarks/cluster.md; copy the numbers into ``trainsim/cluster/catalog.py`` by hand.
+a record docs/benchmarks/cluster.<name>.json; copy the numbers into ``trainsim/cluster/catalog.py`` by hand.
 """
 
 from __future__ import annotations

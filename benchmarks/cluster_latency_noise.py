@@ -14,7 +14,7 @@ does not wait for the hypervisor to resume the vCPU); the second needs root.
 Why: the collectives target (issue 3) asks the calibrated model to predict a second, independent
 measurement within 5 % down to 1 KiB, where an all-reduce takes ~0.2 ms. Where single blocks of the
 same launch spread by more than that, the target is bounded by the host, not by the model. Writes the
-``latency_noise`` section of docs/benchmarks/cluster.md.
+``latency_noise`` section of a record docs/benchmarks/cluster.<name>.json.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ rate from the first byte to the last; process CPU of sender and receiver per MB)
 16 KiB, 64 KiB and 256 KiB are sent one at a time, 10 ms apart, each answered by one byte (median
 time from the send to the answer, beside the message's time at the line rate). A shaper that cuts
 64 KiB packets into frames does that on the host's CPU, which a NIC does in hardware: the gap between
-the two settings is the emulation's own cost. Writes the ``link`` section of docs/benchmarks/cluster.md.
+the two settings is the emulation's own cost. Writes the ``link`` section of a record docs/benchmarks/cluster.<name>.json.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 For each configuration: predicted and measured step time of real torch DDP, of the P3-style runtime
 (input-first 1 MiB slices, per-layer updates) and of the same runtime with ByteScheduler's partitions
 and credit (4 MB partitions, 4 in flight; ``trainsim.validate.dp_worker``). Writes the ``priority``
-section of docs/benchmarks/cluster.md.
+section of a record docs/benchmarks/cluster.<name>.json.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ alternating rounds: (1) the all-gather alone, of the wire sizes of the mlp's two
 (``trainsim.validate.compress``'s worker) with each method, alternating, median step time. Methods:
 ``exchange`` (``trainsim.run.casync.all_gather_bytes``: every receive posted before any send) and
 ``collective`` (``torch.distributed.all_gather_into_tensor``). Writes the ``allgather`` section of
-docs/benchmarks/compress.md.
+a record docs/benchmarks/compress.<name>.json.
 """
 
 from __future__ import annotations

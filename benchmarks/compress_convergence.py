@@ -9,7 +9,7 @@ default: error feedback with optimizer momentum 0.9 at this lr diverges for seve
 compressors, see docs/compress.md; ``--momentum 0.9`` reproduces that; DGC always runs without
 optimizer momentum and its own momentum correction), batch 32 per rank, a fixed number of epochs
 for everyone. Every algorithm runs through ``trainsim.run.hooks.compress_hook`` (weights compressed,
-biases all-reduced exactly). The result table goes to docs/benchmarks/compress.md.
+biases all-reduced exactly). The result table goes to docs/benchmarks/compress.convergence*.json.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import DIR, record_report
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT_MD = ROOT / "docs" / "benchmarks" / "compress.md"
+OUT_MD = DIR / "compress.md"  # only its folder is used: reports become docs/benchmarks/compress.<name>.json
 
 # (label, algorithm or None for plain DDP, hook options, lr)
 RUNS: list[tuple[str, str | None, dict[str, Any], float]] = [
@@ -151,16 +154,9 @@ def _worker(
     os._exit(0)  # skip gloo teardown (its threads sometimes abort at exit on torch 2.13)
 
 
-def write_section(path: Path, name: str, text: str) -> None:
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    old = path.read_text() if path.exists() else "# Gradient compression benchmarks\n"
-    block = f"{begin}\n{text.rstrip()}\n{end}"
-    if begin in old and end in old:
-        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
-    else:
-        new = old.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
+def write_section(path: Path, name: str, text: str) -> Path:
+    """Record one report as ``docs/benchmarks/compress.<name>.json`` (``path``: kept for the callers, unused)."""
+    return record_report("compress", name.replace("-", "_"), text)
 
 
 def main() -> int:

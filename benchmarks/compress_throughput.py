@@ -8,7 +8,7 @@ run on the same input, the compression steps of PyTorch's ``fp16_compress_hook``
 ``powerSGD_hook`` (rank 1; ops replayed without the collectives, see ``trainsim.compress.bench``).
 GB/s counts the fp32 input bytes over encode + decode. A second table measures what
 ``torch.compile`` buys for an algorithm written as plain tensor code (the few-lines path).
-Results go to docs/benchmarks/compress.md.
+Results go to a record docs/benchmarks/compress.<name>.json.
 """
 
 from __future__ import annotations

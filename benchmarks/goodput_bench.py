@@ -3,13 +3,12 @@
     python benchmarks/goodput_bench.py            # ~1 min on 2 shared cores
     python benchmarks/goodput_bench.py --quick    # fewer configurations and seeds
 
-Writes docs/benchmarks/goodput.md.
+Writes docs/benchmarks/goodput.speed.json and goodput.young_daly.json (``results.record``).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import platform
@@ -30,7 +29,7 @@ from trainsim.plan.goodput import (
     young_interval_s,
 )
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "goodput.md"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.4): 419 unexpected interruptions in 54 days on 16,384 GPUs.
 LLAMA3_JOB_MTBF_H = 54 * 24 / 419  # 3.09 h
 LLAMA3 = GoodputConfig(step_s=10.0, gpus=16384, mtbf_gpu_hours=LLAMA3_JOB_MTBF_H * 16384, checkpoint_s=60.0,
@@ -101,41 +100,19 @@ def main() -> None:
     sp = speed(a.samples, 2 if a.quick else 3)
     print("\n".join(sp), file=sys.stderr)
     ag = agreement(4000, 2 if a.quick else 5, a.quick)
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = f"""# Goodput benchmarks (trainsim goodput)
+    from results import markdown_table, record
 
-Written by `benchmarks/goodput_bench.py`; re-run it to refresh this page.
-
-Command: `{cmd}`
-Machine: 2-core shared VM, no GPU ({os.cpu_count()} logical CPUs, {platform.machine()}), Python {platform.python_version()}, numpy
-Date: {date}
-
-## Speed: 10,000 simulated job-months
-
-A Llama-3-scale job: 16,384 GPUs, one unexpected interruption every {LLAMA3_JOB_MTBF_H:.2f} h (419 in 54 days,
-Dubey et al. 2024, arXiv:2407.21783 §3.3.4), 30 days of compute in 10 s steps, checkpoint 60 s, restart 600 s,
-checkpoint interval at the closed-form optimum. {a.samples:,} traces; target < 10 s.
-
-{chr(10).join(sp)}
-
-## Agreement with Young/Daly
-
-8,192 GPUs, 10 s steps, restart 600 s, job MTBF and checkpoint time as listed; the Monte Carlo optimum is
-the mean over seeds of `best_interval_s` with 4,000 traces (± its relative standard deviation over seeds).
-Young: `sqrt(2 C M)`; Daly: Daly 2006 eq. 37; closed form: the exact optimum of
-`(exp((tau + C)/M) - 1) / tau` (constant downtime). z: Monte Carlo mean time at the optimum minus the
-closed-form expectation, in standard errors (independent stream). Target: within 5 % of Young where C << M.
-
-{chr(10).join(ag)}
-
-Reading: the Monte Carlo optimum tracks the closed-form optimum to a fraction of a percent; Young's
-`sqrt(2CM)` is within 5 % of it while C/M stays below ~1 % and drifts above it as C/M grows (it ignores
-the `-C` and higher-order terms Daly adds). Goodput is flat near the optimum: checkpointing at Young's
-interval instead costs under 0.1 percentage point while C/M < 5 %, about half a point at C/M = 17 %.
-"""
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text)
-    print(f"wrote {DOC}", file=sys.stderr)
+    machine = f"2-core shared VM, no GPU ({os.cpu_count()} logical CPUs, {platform.machine()}), Python {platform.python_version()}"
+    record("goodput", "speed", command=cmd, machine_text=machine, headline=markdown_table("\n".join(sp)),
+           title=f"Speed: {a.samples:,} simulated job-months of a Llama-3-scale job",
+           summary=[f"16,384 GPUs, one interruption every {LLAMA3_JOB_MTBF_H:.2f} h (Dubey et al. 2024, §3.3.4), "
+                    "30 days of 10 s steps, checkpoint 60 s, restart 600 s. Target: < 10 s."],
+           data={"samples": a.samples, "table": sp})  # fmt: skip
+    record("goodput", "young_daly", command=cmd, machine_text=machine, headline=markdown_table("\n".join(ag)),
+           title="Monte Carlo optimum vs Young/Daly and the closed form (8,192 GPUs, 4,000 traces)",
+           summary=["Target: within 5 % of Young where C << M. Goodput is flat near the optimum: Young's interval "
+                    "costs < 0.1 point while C/M < 5 %."],
+           data={"table": ag})  # fmt: skip
 
 
 if __name__ == "__main__":

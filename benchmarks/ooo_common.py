@@ -1,45 +1,38 @@
-"""Shared by the ooo_* benchmarks: machine stamp and rewriting one section of docs/benchmarks/ooo.md.
+"""Shared by the ooo_* benchmarks: the machine stamp of a report, recording it as a result, and running
+a ``trainsim validate`` command of the out-of-sample protocol (``trainsim.validate.protocol``).
 
-Each script owns the block between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``, so they can run
-in any order and re-running one leaves the others' results alone.
+Each script writes one record, ``docs/benchmarks/ooo.<name>.json`` (``results.record_report`` or
+``results.record``: its first table is the headline), so they run in any order; ``python3 dev.py
+results`` renders them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
-import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from results import DIR, command_line, git_rev, record, record_report
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks" / "ooo.md"
-HEADER = """# Out-of-order backprop and pipeline schedules: measured vs predicted
-
-Each section is written by one script (`python benchmarks/ooo_*.py`), with its command, machine and
-date. All runs are CPU processes (gloo) on machines without a GPU, except the section "two CUDA
-streams", which ran on one H100. Numbers
-from a 2-core machine shared with other jobs are noisy: the load average at the start is recorded.
-"""
+DOC = DIR / "ooo.md"  # only its folder is used: raw files go beside the records
 
 
 def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import torch
 
-    load = os.getloadavg()[0]
+    from trainsim.transform.opcost import cpu_model
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (
-        f"{cpu}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, no GPU; load average {load:.2f} at start"
+        f"{cpu_model()}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, {gpu}; load average {os.getloadavg()[0]:.2f} at start"
     )
 
 
@@ -52,10 +45,57 @@ def stamp() -> str:
 
 
 def write_section(name: str, body: str) -> Path:
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    text = DOC.read_text() if DOC.exists() else HEADER
-    block = f"<!-- {name}:begin -->\n{body.rstrip()}\n<!-- {name}:end -->"
-    rx = re.compile(rf"<!-- {re.escape(name)}:begin -->.*?<!-- {re.escape(name)}:end -->", re.S)
-    text = rx.sub(lambda _m: block, text) if rx.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(text)
-    return DOC
+    """Record one benchmark's report as ``docs/benchmarks/ooo.<name>.json`` (``ooo_dp`` -> ``ooo.dp.json``)."""
+    return record_report("ooo", name.removeprefix("ooo_"), body)
+
+
+# --------------------------------------------------------------------------- protocol validations
+def run_validations(subcommand: str, extra: list[str], runs: int, seed: int | None) -> list[dict[str, Any]]:
+    """``trainsim validate <subcommand> <extra>`` ``runs`` times in a row (seeds ``seed``, ``seed + 1`` ...,
+    or fresh ones), each into a temporary result file; the documents, each with its wall time."""
+    docs = []
+    tmp = DIR / f"ooo_{subcommand}.partial.json"
+    for i in range(runs):
+        tmp.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "trainsim", "validate", subcommand, *extra, "--out", str(tmp)]
+        if seed is not None:
+            cmd += ["--seed", str(seed + i)]
+        print("$ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
+        t0 = time.monotonic()
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        doc = json.loads(tmp.read_text())
+        doc["wall_s"] = round(time.monotonic() - t0, 1)
+        docs.append(doc)
+    tmp.unlink(missing_ok=True)
+    return docs
+
+
+def headline_rows(docs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """One headline row per validation: the protocol's figures (``protocol.summary``)."""
+    cols = ["run", "seed", "configurations (drawn)", "mean |error| %", "worst |error| %", "within 10 %",
+            "within own spread", "outside both", "ranking pairs checked", "misranked", "wall s"]  # fmt: skip
+    rows = []
+    for i, d in enumerate(docs):
+        rk = d["ranking"]
+        rows.append([i + 1, d["seed"], f"{d['measured']} ({sum(r['held_out'] for r in d['runs'])})",
+                     d["mean_abs_error_pct"], d["max_abs_error_pct"], d["within_10pct"], d["within_spread"],
+                     d["outside"], rk["pairs_checked"], len(rk["misranked"]), d["wall_s"]])  # fmt: skip
+    return {"columns": cols, "rows": rows}
+
+
+def record_validations(name: str, title: str, docs: list[dict[str, Any]], summary: list[str]) -> None:
+    """Write ``docs/benchmarks/<name>.json`` (the result documents with the command, machine, date and
+    git revision) and the record ``docs/benchmarks/ooo.<name without ooo_>.json``."""
+    from results import machine as machine_text
+
+    raw = {"command": command_line(), "machine": machine_text(), "machine_detail": machine(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git_rev": git_rev(),
+           "validations": docs}  # fmt: skip
+    (DIR / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    record("ooo", name.removeprefix("ooo_"), command=raw["command"], title=title, headline=headline_rows(docs),
+           summary=summary, raw=[f"{name}.json"], data={"per_run": [_per_run(d) for d in docs]})  # fmt: skip
+
+
+def _per_run(doc: dict[str, Any]) -> list[list[Any]]:
+    return [[r["label"], r["held_out"], r["predicted_ms"], r["measured_ms"], r["spread_pct"], r["error_pct"],
+             r["within"]] for r in doc["runs"]]  # fmt: skip

@@ -8,7 +8,7 @@
 2. two gloo processes: ``OooDataParallel(k=3)`` vs torch DDP on the same per-rank data;
 3. two processes, ZBVZeroBubble (B/W split, 4 microbatches) vs one process on the same global batches.
 
-Writes the ``ooo_equivalence`` section of docs/benchmarks/ooo.md: the largest absolute and relative
+Writes the ``ooo_equivalence`` section of a record docs/benchmarks/ooo.<name>.json: the largest absolute and relative
 loss difference over the run, against the stated tolerance (relative 1e-5; see the section text).
 """
 

@@ -6,7 +6,7 @@ Profiles each zoo model in one CPU process and predicts one step with plain back
 the OOO BackProp multi-stream order with a greedily searched schedule map. Streams are modelled as
 independent (perfect overlap), so these figures are upper bounds, and the profile is a CPU profile:
 nothing in this section was measured on a GPU. Writes the ``ooo_multistream`` section of
-docs/benchmarks/ooo.md.
+a record docs/benchmarks/ooo.<name>.json.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ host-bound to device-bound): profile every phase of the two-stream runner on the
 device time apart), predict one stream, two streams with each W right after its B, and two streams
 with the searched map, measure all three and PyTorch's own loop (medians of 3 runs of 50 steps).
 
-Writes the ``ooo_multistream_gpu`` section of docs/benchmarks/ooo.md. Without a CUDA device it says
+Writes the ``ooo_multistream_gpu`` section of a record docs/benchmarks/ooo.<name>.json. Without a CUDA device it says
 so and exits with code 2 (nothing is written); ``--device cpu`` smoke-tests the script.
 """
 

@@ -7,7 +7,7 @@ W) compute the weight gradients after the input-gradient chain, input-first, and
 profile (``trainsim.capture.layerprofile``) is what the what-ifs charge for them. For each zoo model,
 steps alternate between the two positions (same process, same data; the first 4 steps are warm-up),
 and each layer's W time is the median over its steps. Writes the ``ooo_w_order`` section of
-docs/benchmarks/ooo.md.
+a record docs/benchmarks/ooo.<name>.json.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@
    overhead and the host's load put under any prediction.
 4. ``--repeat N`` runs the base configuration N more times: the run-to-run spread of this host.
 
-Writes docs/benchmarks/whatif_network.json (or ``--out``) with the date, machine and command, and
-a table beside it (``.md``; ``docs/benchmarks/whatif_network.md`` joins docs/benchmarks.md).
+Writes docs/benchmarks/whatif_network.json (or ``--out``: every figure, with the date, machine and
+command) and the result record beside it, ``whatif.network.json`` (``results.record``: the headline table).
 """
 
 from __future__ import annotations
@@ -240,8 +240,14 @@ def main() -> None:
           "the profiler and the host's load put under any prediction)")
     print(f"base configuration repeated: {', '.join(f'{x:.1f}' for x in reps)} ms "
           f"(spread {doc['spread']['max_minus_min_pct']:.1f} %)")  # fmt: skip
-    out.with_suffix(".md").write_text(_markdown(doc))
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results import markdown_table, record
+
+    md = _markdown(doc)
+    record("whatif", "network", command=doc["command"], directory=out.parent, headline=markdown_table(md),
+           title=f"Network what-if of a real {a.model} DDP trace vs real runs at other link rates",
+           summary=[md.rstrip().splitlines()[-1]], raw=[out.name])  # fmt: skip
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python benchmarks/whatif_pairs.py              # fixed + drawn pairs (~10-15 min on 2 cores)
     python benchmarks/whatif_pairs.py --seed 7     # repeat a draw
     python benchmarks/whatif_pairs.py --runs 3     # three validations in a row (fresh seeds)
+    python benchmarks/whatif_pairs.py --quick --runs 3
 
 Runs ``trainsim validate whatif`` (not quick) and writes its JSON to docs/benchmarks/whatif_pairs.json
 (with ``--runs N``: the list of the N documents) and a table per run to docs/benchmarks/whatif.md.
@@ -26,29 +27,29 @@ DOCS = ROOT / "docs" / "benchmarks"
 
 
 def table(doc: dict[str, Any]) -> list[str]:
-    """One validation as markdown: each pair, then the summary and the host's spread."""
+    """One validation as markdown: each pair, then the summary."""
     lines = [
-        f"`{doc['command']}` (seed {doc['seed']}), predictions written {doc['runs'][0]['predicted_at']}, "
-        f"finished {doc.get('finished_at', '-')}",
+        f"`{doc['command']}` (seed {doc['seed']}), predictions frozen {doc['predictions_frozen_at']}, real runs "
+        f"from {doc['runs_started_at']}, finished {doc.get('finished_at', '-')}",
         "",
-        "| pair (* drawn) | first ms | predicted ms | measured ms | error % | trace-only sim ms | sim error % |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| pair (* drawn) | first ms | predicted ms | measured ms (passes) | spread % | error % | within | trace-only "
+        "sim error % |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in doc["runs"]:
+        passes = ", ".join(f"{x:.1f}" for x in r["measured_passes_ms"])
         lines.append(
             f"| {r['label']} | {r['first_measured_ms']:.2f} | {r['predicted_ms']:.2f} | {_f(r['measured_ms'])} "
-            f"| {_f(r['error_pct'], '+.1f')} | {r['simulated_ms']:.2f} | {_f(r.get('sim_error_pct'), '+.1f')} |"
+            f"({passes}) | {_f(r['spread_pct'], '.1f')} | {_f(r['error_pct'], '+.1f')} | {r['within'] or 'no'} "
+            f"| {_f(r.get('sim_error_pct'), '+.1f')} |"
         )
     lines += [
         "",
         f"mean |error| **{doc['mean_abs_error_pct']} %**, max **{doc['max_abs_error_pct']} %** (drawn pairs: mean "
-        f"{doc['drawn_mean_abs_error_pct']} %; trace-only simulation: mean {doc['sim_only_mean_abs_error_pct']} %).",
-        "",
-        "Host spread, the same first configuration run twice (first run, then again between the second runs):",
-        "",
+        f"{doc['held_out_mean_abs_error_pct']} %; trace-only simulation: mean {doc['sim_only_mean_abs_error_pct']} %); "
+        f"within 10 %: {doc['within_10pct']}, within their own spread: {doc['within_spread']}, outside both: "
+        f"{doc['outside']}.",
     ]
-    for s in doc["spread"]:
-        lines.append(f"- {s['label']}: {s['first_ms']:.2f} -> {_f(s['repeat_ms'])} ms ({_f(s.get('diff_pct'), '+.1f')} %)")
     return lines
 
 
@@ -60,12 +61,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=None, help="seed of the first run's draw (later runs: seed + i)")
     ap.add_argument("--runs", type=int, default=1, help="validations in a row")
+    ap.add_argument("--quick", action="store_true", help="validate whatif --quick")
     args = ap.parse_args()
     docs: list[dict[str, Any]] = []
     tmp = DOCS / "whatif_pairs.partial.json"
     for i in range(args.runs):
         tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "trainsim", "validate", "whatif", "--out", str(tmp)]
+        cmd = [sys.executable, "-m", "trainsim", "validate", "whatif", "--out", str(tmp), *(["--quick"] * args.quick)]
         if args.seed is not None:
             cmd += ["--seed", str(args.seed + i)]
         t0 = time.monotonic()
@@ -79,12 +81,13 @@ def main() -> int:
     lines = [
         "# What-if pairs: a real run predicted from another real run's trace",
         "",
-        f"`python benchmarks/whatif_pairs.py{' --runs ' + str(args.runs) if args.runs > 1 else ''}` on {m['cpu']} "
+        f"`python benchmarks/whatif_pairs.py{' --quick' if args.quick else ''}"
+        f"{' --runs ' + str(args.runs) if args.runs > 1 else ''}` on {m['cpu']} "
         f"({m['cores']} cores, torch {m['torch']}, {platform.system()}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "Each pair: the first configuration runs (traced); the second one's step is predicted from that trace",
         "(what-if + simulator: first run's median step + simulated change) and written to the result file with its",
-        "time; only then do the second configurations run. *measured*: the slowest rank's median timed step (no",
-        "profiler). Targets: every pair within 10 %, mean within 5 %.",
+        "time; only then do the second configurations run, three passes interleaved. *measured*: the slowest rank's",
+        "median timed step (no profiler), the median of the passes. Targets: every pair within 10 %, mean within 5 %.",
         "",
     ]
     for i, doc in enumerate(docs):

@@ -10,7 +10,7 @@ EXPECTED = {
     "bench-sim", "calibrate", "compress-bench", "demo", "estimate", "goodput", "ooo", "plan", "profile", "replay", "scaleout",
     "secopa", "validate", "whatif",
 }  # fmt: skip
-EXPECTED_VALIDATE = {"compress", "dp", "multistream", "ooo-dp", "pipeline", "whatif"}
+EXPECTED_VALIDATE = {"calibrate", "compress", "dp", "multistream", "ooo-dp", "pipeline", "whatif"}
 EXPECTED_WHATIF_FLAGS = {
     "--amp", "--fused-optimizer", "--batch-scale", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
     "--plan", "--scheme", "--world", "--rate", "--json", "--timeline", "--force", "--device", "--from-device",

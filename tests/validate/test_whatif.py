@@ -118,6 +118,7 @@ def test_predictions_are_on_disk_before_any_second_run(tmp_path: Path) -> None:
         if i is not None:  # a second run: its prediction, and every other one, must already be written
             doc = json.loads(out.read_text())
             assert all(r["predicted_ms"] is not None and r["predicted_at"] for r in doc["runs"])
+            assert doc["predictions_frozen_at"] <= doc["runs_started_at"]
             assert len(doc["runs"]) == len(pairs)
             calls.append("second")
             return {"rank_step_ms": [[12.0, 10.0, 11.0]], "traces": []}
@@ -128,17 +129,17 @@ def test_predictions_are_on_disk_before_any_second_run(tmp_path: Path) -> None:
         assert not out.exists() or len(json.loads(out.read_text())["runs"]) == 0
         return {"predicted_ms": 12.1, "simulated_ms": 14.0, "first_measured_ms": max(wi.rank_median_ms(first))}
 
-    doc = wi.run_pairs(pairs, out, seed=5, runner=runner, predictor=predictor, repeats=1, passes=2,
-                       workdir=tmp_path / "w")  # fmt: skip
+    doc = wi.run_pairs(pairs, out, seed=5, runner=runner, predictor=predictor, passes=2, workdir=tmp_path / "w")
     n = len(pairs)
-    assert calls[:n] == ["first"] * n and calls.count("second") == 2 * n and calls.count("first") == n + 1
+    assert calls[:n] == ["first"] * n and calls.count("second") == 2 * n and calls.count("first") == n
     on_disk = json.loads(out.read_text())
     assert on_disk == json.loads(json.dumps(doc)) and on_disk["seed"] == 5
     r = on_disk["runs"][0]
     assert r["measured_ms"] == 11.0 and r["error_pct"] == pytest.approx(10.0) and r["measured_passes_ms"] == [11.0, 11.0]
     assert r["predicted_at"] <= r["measured_at"]
     assert on_disk["mean_abs_error_pct"] == pytest.approx(10.0) and on_disk["max_abs_error_pct"] == pytest.approx(10.0)
-    assert on_disk["spread"][0]["first_ms"] == 10.0 and on_disk["spread"][0]["repeat_ms"] == 10.0
+    assert r["held_out"] is pairs[0].drawn and r["within"] == "10%" and r["spread_pct"] == 0.0
+    assert not on_disk["partial"] and on_disk["seed"] == 5
 
 
 @pytest.mark.parametrize(
@@ -163,7 +164,7 @@ def test_existing_out_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_real_fused_adam_pair(tmp_path: Path) -> None:
     first = TracedRunConfig(model="mlp", world=1, width=256, optimizer="adam-loop", warmup=2, steps=5, profiled=3)
     pair = wi.Pair(kind="fused-adam", first=first, second=TracedRunConfig(**{**_asdict(first), "optimizer": "adam-fused"}))
-    doc = wi.run_pairs([pair], tmp_path / "r.json", seed=0, repeats=0, workdir=tmp_path / "w")
+    doc = wi.run_pairs([pair], tmp_path / "r.json", seed=0, passes=1, workdir=tmp_path / "w")
     r = doc["runs"][0]
     assert r["predicted_ms"] > 0 and r["measured_ms"] > 0 and r["predicted_at"] <= r["measured_at"]
     assert r["predicted_ms"] < r["first_measured_ms"]  # fusing removes work
@@ -179,7 +180,7 @@ def test_real_network_pair(tmp_path: Path) -> None:
         pytest.skip(str(netns_unavailable()))
     first = TracedRunConfig(model="mlp", world=2, width=512, rate_mbit=200.0, warmup=2, steps=4, profiled=2)
     pair = wi.Pair(kind="network", first=first, second=TracedRunConfig(**{**_asdict(first), "rate_mbit": 400.0}))
-    doc = wi.run_pairs([pair], tmp_path / "r.json", seed=0, repeats=0, workdir=tmp_path / "w")
+    doc = wi.run_pairs([pair], tmp_path / "r.json", seed=0, passes=1, workdir=tmp_path / "w")
     r = doc["runs"][0]
     assert r["measured_ms"] < r["first_measured_ms"]  # the real run got faster on the faster link
     assert abs(r["error_pct"]) < 50

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import operator
 import re
 import warnings
 from collections import defaultdict
@@ -239,20 +240,25 @@ def _build_graph(tr: Trace) -> TaskGraph:
         ok = (i >= 0) & (t < st1[np.maximum(i, 0)])
         return np.where(ok, sid[np.maximum(i, 0)], -1).tolist()
 
+    fields = operator.attrgetter("t0", "t1", "kind", "name", "op", "layer", "size", "group")
+
     def extend(plan: list[_Seg], r: int) -> int:
         base = len(cols["kind"])
-        t0 = [x.t0 for x in plan]
-        cols["kind"].extend([x.kind for x in plan])
-        cols["name"].extend([sym(x.name) for x in plan])
-        cols["op"].extend([sym(x.op) for x in plan])
-        cols["layer"].extend([sym(x.layer) for x in plan])
+        if not plan:
+            return base
+        t0, t1, kind, name, op, layer, size, group = zip(*map(fields, plan), strict=True)  # columns, in C
+        a0 = np.asarray(t0, np.float64)
+        cols["kind"].extend(kind)
+        cols["name"].extend(b.sym_many(name))
+        cols["op"].extend(b.sym_many(op))
+        cols["layer"].extend(b.sym_many(layer))
         cols["resource"].extend([r] * len(plan))
         cols["order"].extend(t0)
-        cols["dur_us"].extend([x.t1 - x.t0 for x in plan])
+        cols["dur_us"].extend((np.asarray(t1, np.float64) - a0).tolist())
         cols["ts_us"].extend(t0)
-        cols["step"].extend(steps_at(np.asarray(t0, np.float64)))
-        cols["size_bytes"].extend([x.size for x in plan])
-        cols["group"].extend([sym(x.group) for x in plan])
+        cols["step"].extend(steps_at(a0))
+        cols["size_bytes"].extend(size)
+        cols["group"].extend(b.sym_many(group))
         cols["priority"].extend([0.0] * len(plan))
         return base
 

@@ -275,6 +275,15 @@ class GraphBuilder:
             i = self._symbols[text] = len(self._symbols)
         return i
 
+    def sym_many(self, texts: Sequence[str | None]) -> list[int]:
+        """``[sym(t) for t in texts]``, in C loops (graph builders intern ~10^6 names): new texts are
+        numbered in order of first appearance, exactly as one ``sym`` call per text would."""
+        table = self._symbols
+        for t in dict.fromkeys(texts):
+            if t is not None and t not in table:
+                table[t] = len(table)
+        return list(map({**table, None: -1}.__getitem__, texts))
+
     def symbol_of(self, index: int) -> str | None:
         """The string behind a symbol index (``None`` for -1)."""
         if index < 0:

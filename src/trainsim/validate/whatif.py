@@ -34,7 +34,6 @@ import math
 import os
 import platform
 import random
-import secrets
 import shutil
 import statistics
 import tempfile
@@ -50,6 +49,7 @@ import click
 from trainsim.errors import UserError
 from trainsim.run.traced import TracedRunConfig
 from trainsim.validate import progress_log
+from trainsim.validate.protocol import ResultFile, interleave, now_iso, write_json
 
 PAIR_KINDS = ("batch", "fused-adam", "network")
 """the changes a pair can make (``--pair``)"""
@@ -195,10 +195,14 @@ def whatif_graph(pair: Pair, trace: str) -> tuple[Any, Any]:
         return g, whatifs.batch_scale(g, factor, trace=tr, batch_size=batch, param_shapes=shapes)
     if pair.kind == "fused-adam":
         return g, whatifs.fused_optimizer(g, tr)
-    from trainsim.transform.network import scale_network
+    from trainsim.graph.ir import TaskKind
+    from trainsim.transform.network import scale_network, split_collectives
 
     assert pair.first.rate_mbit is not None and pair.second.rate_mbit is not None
-    return g, scale_network(g, bw_factor=pair.second.rate_mbit / pair.first.rate_mbit)
+    # as ``trainsim whatif --network-bw`` does: only the transfer part of a collective scales, its
+    # wait for the peers is kept
+    split = split_collectives(g) if ((g.kind == TaskKind.COMM) & (g.size_bytes >= 0)).any() else None
+    return g, scale_network(g, bw_factor=pair.second.rate_mbit / pair.first.rate_mbit, split=split)
 
 
 def predict_pair(pair: Pair, first: dict[str, Any]) -> dict[str, Any]:
@@ -232,32 +236,6 @@ Runner = Callable[[TracedRunConfig, Path], dict[str, Any]]
 Predictor = Callable[[Pair, dict[str, Any]], dict[str, Any]]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def write_json(path: Path, obj: dict[str, Any]) -> None:
-    """Write ``obj`` to ``path`` atomically (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    tmp.replace(path)
-
-
-def summarise(doc: dict[str, Any]) -> dict[str, Any]:
-    """Fill the error statistics of ``doc`` from its measured runs."""
-    done = [r for r in doc["runs"] if r.get("measured_ms") is not None]
-    errs = [abs(r["error_pct"]) for r in done]
-    sims = [abs(r["sim_error_pct"]) for r in done]
-    doc["mean_abs_error_pct"] = round(sum(errs) / len(errs), 2) if errs else None
-    doc["max_abs_error_pct"] = round(max(errs), 2) if errs else None
-    doc["sim_only_mean_abs_error_pct"] = round(sum(sims) / len(sims), 2) if sims else None
-    drawn = [abs(r["error_pct"]) for r in done if r["config"]["drawn"]]
-    doc["drawn_mean_abs_error_pct"] = round(sum(drawn) / len(drawn), 2) if drawn else None
-    spread = [abs(s["diff_pct"]) for s in doc.get("spread", []) if s.get("diff_pct") is not None]
-    doc["spread_max_abs_pct"] = round(max(spread), 2) if spread else None
-    return doc
-
-
 def run_pairs(
     pairs: list[Pair],
     out: Path,
@@ -265,65 +243,43 @@ def run_pairs(
     seed: int,
     runner: Runner | None = None,
     predictor: Predictor = predict_pair,
-    passes: int = 1,
-    repeats: int = 1,
+    passes: int = 3,
     workdir: Path | None = None,
     log: Callable[[str], None] = lambda s: None,
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run, predict, write, then measure every pair (see the module docstring); return the document
-    that ``out`` holds at the end. ``repeats``: how many first configurations run a second time
-    (after the predictions, interleaved with the second runs) to measure the host's spread."""
-    if passes < 1 or repeats < 0:
-        raise UserError(
-            f"validate whatif: passes={passes}, repeats={repeats}; expected passes >= 1, repeats >= 0"
-        )
+    """Run every pair's first configuration and predict its second (``trainsim.validate.protocol``:
+    frozen in ``out`` before any second run), then run the second configurations ``passes`` times,
+    interleaved; return the document that ``out`` holds at the end."""
+    if passes < 1:
+        raise UserError(f"validate whatif: passes={passes}; expected >= 1")
     if runner is None:
         from trainsim.run.traced import traced_run as runner_fn
 
         runner = runner_fn
-    doc: dict[str, Any] = {"seed": seed, **(meta or {}), "started_at": _now(), "runs": [], "spread": []}
+    meta = dict(meta or {})
+    res = ResultFile(out, command=meta.pop("command", "run_pairs"), seed=seed, calibration=meta.pop("calibration", None),
+                     **meta)  # fmt: skip
     with _workdir(workdir) as work:
-        firsts: list[dict[str, Any]] = []
+        rows = []
         for i, pair in enumerate(pairs):
-            log(f"pair {i + 1}/{len(pairs)} first run: {pair.label()}")
-            res = runner(pair.first, work / f"pair{i}-first")
-            firsts.append(res)
-            pred = predictor(pair, res)
-            doc["runs"].append({"label": pair.label(), "config": pair.config(), **pred, "predicted_at": _now(),
-                                "measured_ms": None, "measured_at": None, "error_pct": None})  # fmt: skip
+            log(f"pair {i + 1}/{len(pairs)} first run (the profile): {pair.label()}")
+            pred = predictor(pair, runner(pair.first, work / f"pair{i}-first"))
+            rows.append({"label": pair.label(), "config": pair.config(), "held_out": pair.drawn, **pred,
+                         "predicted_at": now_iso()})  # fmt: skip
             log(f"  first {pred['first_measured_ms']:.2f} ms; predicted {pred['predicted_ms']:.2f} ms")
-        for i in range(min(repeats, len(pairs))):
-            doc["spread"].append({"label": pairs[i].label(), "config": asdict(pairs[i].first),
-                                  "first_ms": round(max(rank_median_ms(firsts[i])), 3), "repeat_ms": None})  # fmt: skip
-        write_json(out, doc)  # every prediction is on disk before any second run starts
-        log(f"predictions written to {out}")
-        frozen = [r["predicted_ms"] for r in doc["runs"]]
-        per_pass: list[list[float]] = [[] for _ in pairs]
-        for p in range(passes):
-            for i, pair in enumerate(pairs):
-                log(f"pass {p + 1}/{passes}, pair {i + 1}/{len(pairs)} second run: {pair.label()}")
-                res = runner(pair.second, work / f"pair{i}-second-{p}")
-                per_pass[i].append(max(rank_median_ms(res)))
-                row = doc["runs"][i]
-                meas = statistics.median(per_pass[i])
-                row["measured_ms"] = round(meas, 3)
-                row["measured_passes_ms"] = [round(x, 3) for x in per_pass[i]]
-                row["measured_at"] = _now()
-                row["error_pct"] = round(100 * (row["predicted_ms"] - meas) / meas, 2)
-                row["sim_error_pct"] = round(100 * (row["simulated_ms"] - meas) / meas, 2)
-                log(f"  measured {meas:.2f} ms, error {row['error_pct']:+.1f} %")
-                write_json(out, summarise(doc))
-                if p == 0 and i < repeats:  # the spread: the same first configuration again
-                    rep = runner(pair.first, work / f"pair{i}-repeat")
-                    sp = doc["spread"][i]
-                    sp["repeat_ms"] = round(max(rank_median_ms(rep)), 3)
-                    sp["diff_pct"] = round(100 * (sp["repeat_ms"] - sp["first_ms"]) / sp["first_ms"], 2)
-                    log(f"  repeat of the first run: {sp['first_ms']:.2f} -> {sp['repeat_ms']:.2f} ms")
-                    write_json(out, summarise(doc))
-        assert [r["predicted_ms"] for r in doc["runs"]] == frozen, "a prediction changed after it was written"
-    doc["finished_at"] = _now()
-    write_json(out, summarise(doc))
+        res.freeze(rows)  # every prediction is on disk before any second run starts
+        log(f"predictions frozen in {out}")
+
+        def run_one(i: int, p: int) -> float:
+            return max(rank_median_ms(runner(pairs[i].second, work / f"pair{i}-second-{p}")))
+
+        doc = interleave(res, run_one, passes=passes, log=log)
+    for r in doc["runs"]:
+        r["sim_error_pct"] = round(100 * (r["simulated_ms"] - r["measured_ms"]) / r["measured_ms"], 2)
+    sims = [abs(r["sim_error_pct"]) for r in doc["runs"]]
+    doc["sim_only_mean_abs_error_pct"] = round(sum(sims) / len(sims), 2) if sims else None
+    write_json(out, doc)
     return doc
 
 
@@ -364,7 +320,7 @@ def select_pairs(
 @click.option(
     "--pair", "kinds", multiple=True, metavar="KIND", help=f"Only these pairs: {', '.join(PAIR_KINDS)}."
 )
-@click.option("--passes", type=int, default=1, show_default=True, help="Second runs per pair (interleaved).")
+@click.option("--passes", type=int, default=3, show_default=True, help="Second runs per pair (interleaved).")
 @click.option(
     "--out",
     type=click.Path(dir_okay=False),
@@ -378,22 +334,13 @@ def whatif_command(quick: bool, seed: int | None, kinds: tuple[str, ...], passes
     """Pairs of real runs: predict the second from the first one's trace, write it down, then measure."""
     from rich.console import Console
 
-    from trainsim.cli.core import check_new_file
     from trainsim.validate.netns import netns_unavailable
+    from trainsim.validate.protocol import check_result_path, draw_seed
 
-    if seed is not None and seed < 0:
-        raise UserError(f"validate whatif: --seed {seed}; expected an integer >= 0")
     if passes < 1:
         raise UserError(f"validate whatif: --passes {passes}; expected >= 1")
-    if seed is None:
-        seed = secrets.randbelow(2**31)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = Path(out) if out else Path("out") / f"whatif-{stamp}.json"
-    check_new_file(str(path), force, "--out")
-    if not path.parent.is_dir():
-        if out:
-            raise UserError(f"--out {out!r}: folder {path.parent} does not exist")
-        path.parent.mkdir(parents=True)
+    seed = draw_seed(seed)
+    path = check_result_path(out, force, f"whatif-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     notes: list[str] = []
     reason = netns_unavailable()
     pairs = select_pairs(kinds, seed, quick, reason is None, notes)
@@ -403,24 +350,37 @@ def whatif_command(quick: bool, seed: int | None, kinds: tuple[str, ...], passes
         log(n)
     kind_opts = "".join(f" --pair {k}" for k in kinds)
     meta = {"command": f"trainsim validate whatif{' --quick' if quick else ''} --seed {seed}{kind_opts} --passes {passes}",
-            "quick": quick, "passes": passes, "machine": machine(), "notes": notes,
+            "quick": quick, "passes": passes, "machine": machine(), "notes": notes, "calibration": _opcost_calibration(),
             "method": "predicted = first run's median step + simulated change (what-if minus replay, median over "
                       "the first trace's steps, slowest rank); simulated_ms = the what-if's step from the trace alone"}  # fmt: skip
-    doc = run_pairs(pairs, path, seed=seed, passes=passes, repeats=1 if quick else 3, log=log, meta=meta)
+    try:
+        doc = run_pairs(pairs, path, seed=seed, passes=passes, log=log, meta=meta)
+    except KeyboardInterrupt:
+        raise UserError(f"validate whatif: interrupted; what was measured is in {path}, marked partial") from None
     if as_json:
         click.echo(json.dumps(doc))
         return
     from rich.table import Table
 
     t = Table(title=f"what-if pairs (seed {seed}; * drawn at random)")
-    for h in ("pair", "first ms", "predicted ms", "measured ms", "error %"):
+    for h in ("pair", "first ms", "predicted ms", "measured ms", "spread %", "error %", "within"):
         t.add_column(h, justify="left" if h == "pair" else "right")
     for r in doc["runs"]:
         t.add_row(r["label"], f"{r['first_measured_ms']:.2f}", f"{r['predicted_ms']:.2f}", f"{r['measured_ms']:.2f}",
-                  f"{r['error_pct']:+.1f}")  # fmt: skip
+                  f"{r['spread_pct']:.1f}", f"{r['error_pct']:+.1f}", str(r["within"] or "no"))  # fmt: skip
     Console().print(t)
-    click.echo(f"mean |error| {doc['mean_abs_error_pct']} %, max {doc['max_abs_error_pct']} %; "
-               f"host spread (same config twice) up to {doc['spread_max_abs_pct']} %; written to {path}")  # fmt: skip
+    click.echo(f"mean |error| {doc['mean_abs_error_pct']} %, max {doc['max_abs_error_pct']} %; within 10 %: "
+               f"{doc['within_10pct']}, within their spread: {doc['within_spread']}, outside both: {doc['outside']}; "
+               f"written to {path}")  # fmt: skip
+
+
+def _opcost_calibration() -> dict[str, Any]:
+    """The op-cost calibration the batch what-if reads (measured on first use, generic operators)."""
+    from trainsim.transform.opcost import default_path
+
+    p = default_path()
+    when = datetime.fromtimestamp(p.stat().st_mtime, timezone.utc).isoformat(timespec="seconds") if p.exists() else None
+    return {"file": str(p), "created_at": when, "what": "per-machine operator costs (transform.opcost)"}
 
 
 def machine() -> dict[str, Any]:

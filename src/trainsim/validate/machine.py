@@ -1,0 +1,295 @@
+"""The test machine's calibration: measured once with generic workloads, saved, reused by every validation.
+
+    $ trainsim validate calibrate                 # writes ~/.cache/trainsim/machine.json
+    >>> cal = load_machine()                      # doctest: +SKIP
+    >>> cal.allreduce_us(4 << 20, world=2, rate_mbit=100)   # doctest: +SKIP
+
+This is the model of *the host that runs the validations*, not of a GPU cluster: what-ifs for a
+cluster never read it. It holds three generic measurements, none of them a validated configuration:
+
+1. **link**: gloo all-reduce, all-gather and one-way send of two ranks over loopback at a fixed grid
+   of sizes (``GRID``): the host's per-message and per-byte cost of each; and the all-reduce grid on a veth link shaped to ``CAL_RATE_MBIT``
+   (when network namespaces work): the fraction of the nominal rate the shaped link delivers
+   (``link_efficiency``). ``allreduce_us``, ``allgather_us`` and ``p2p_us`` combine them for any
+   size, world, rate and delay;
+2. **host speed**: the time of a standard compute kernel (``kernel``: a single-thread float32 matmul)
+   on one process;
+3. **co-run slowdown**: the same kernel's time when ``k`` processes run it at once, over running it
+   alone, for ``k`` in ``CORUN_PROCS``: what co-located ranks cost each other on this host.
+
+The file records the machine's identity (processor, cores, memory) and trainsim's version; another
+machine's or version's file is refused with a one-line error naming it (``--recalibrate`` replaces it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from trainsim.errors import UserError
+
+FORMAT = 1
+"""version of the file layout"""
+GRID = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
+"""all-reduce sizes (bytes) of the link calibration: x8 apart, none of them a validated model's gradient"""
+CAL_RATE_MBIT = 150.0
+"""the shaped link's rate for ``link_efficiency``: a generic rate, not one a fixed validation uses"""
+CORUN_PROCS = (2, 4)
+KERNEL_N = 256
+"""the standard kernel: ``KERNEL_N`` x ``KERNEL_N`` float32 matmul on one thread"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MachineCalibration:
+    """What ``calibrate_machine`` measured (fields documented in the module docstring)."""
+
+    machine: dict[str, Any]
+    """identity: processor, cores, memory"""
+    version: str
+    """``trainsim.__version__`` and ``FORMAT``"""
+    created_at: str
+    sizes_bytes: list[int]
+    loopback_us: list[float]
+    """2-rank gloo all-reduce over loopback, per size (mean of each round, median of rounds)"""
+    host_a_us: float
+    """fitted per-all-reduce host cost (loopback)"""
+    host_b_us_per_byte: float
+    """fitted per-byte host cost (loopback)"""
+    shaped_rate_mbit: float | None
+    shaped_us: list[float]
+    """the same on a link shaped to ``shaped_rate_mbit`` (empty when namespaces are unavailable)"""
+    link_efficiency: float
+    """delivered / nominal rate of a shaped link (1.0 when not measured)"""
+    allgather_loopback_us: list[float]
+    """2-rank gloo all-gather of ``sizes_bytes`` per rank over loopback"""
+    allgather_line: tuple[float, float]
+    """``(a_us, b_us_per_byte)`` fitted to ``allgather_loopback_us``"""
+    p2p_loopback_us: list[float]
+    """one send of ``sizes_bytes`` from one rank to the other over loopback"""
+    p2p_line: tuple[float, float]
+    """``(a_us, b_us_per_byte)`` fitted to ``p2p_loopback_us``"""
+    kernel_ms: float
+    """one standard kernel on one idle process"""
+    corun_slowdown: dict[str, float]
+    """``{k: time with k processes at once / time alone}``"""
+
+    def host_us(self, size_bytes: float) -> float:
+        """The host's cost of one 2-rank all-reduce of ``size_bytes`` over an unshaped link."""
+        return self.host_a_us + self.host_b_us_per_byte * size_bytes
+
+    def allreduce_us(self, size_bytes: float, *, world: int = 2, rate_mbit: float | None = None,
+                     delay_ms: float = 0.0) -> float:  # fmt: skip
+        """A ring all-reduce of ``size_bytes`` among ``world`` ranks on links of ``rate_mbit`` (None:
+        unshaped) with ``delay_ms`` one way: the host's cost (scaled by the ring's 2(p-1)/p share of
+        the bytes and its 2(p-1) steps relative to 2 ranks), plus each step's delay, plus the bytes on
+        the wire at the delivered rate."""
+        p = max(2, world)
+        steps = 2 * (p - 1)
+        share = steps / p  # bytes each rank sends, per byte of the tensor
+        t = self.host_a_us * steps / 2 + self.host_b_us_per_byte * size_bytes * share
+        t += steps * delay_ms * 1e3
+        if rate_mbit:
+            t += share * size_bytes * 8 / (rate_mbit * self.link_efficiency)  # bits / (bits/us)
+        return t
+
+    def allgather_us(self, size_bytes: float, *, world: int = 2, rate_mbit: float | None = None,
+                     delay_ms: float = 0.0) -> float:  # fmt: skip
+        """A ring all-gather of ``size_bytes`` per rank among ``world`` ranks: ``world - 1`` steps, each
+        a host cost (the 2-rank line) plus the delay, plus every other rank's bytes on the wire."""
+        steps = max(2, world) - 1
+        a, b = self.allgather_line
+        t = steps * (a + b * size_bytes) + steps * delay_ms * 1e3
+        if rate_mbit:
+            t += steps * size_bytes * 8 / (rate_mbit * self.link_efficiency)
+        return t
+
+    def p2p_us(self, size_bytes: float, *, rate_mbit: float | None = None, delay_ms: float = 0.0) -> float:
+        """One send of ``size_bytes`` to one peer: the host line, the delay and the bytes on the wire."""
+        a, b = self.p2p_line
+        t = a + b * size_bytes + delay_ms * 1e3
+        if rate_mbit:
+            t += size_bytes * 8 / (rate_mbit * self.link_efficiency)
+        return t
+
+    def slowdown(self, procs: int) -> float:
+        """Co-run slowdown of ``procs`` processes computing at once (1 for one; the measured ``k`` at
+        or above ``procs``, else the largest measured, scaled by procs / cores beyond it)."""
+        if procs <= 1:
+            return 1.0
+        ks = sorted(int(k) for k in self.corun_slowdown)
+        for k in ks:
+            if k >= procs:
+                return self.corun_slowdown[str(k)]
+        top = ks[-1]
+        return self.corun_slowdown[str(top)] * procs / top
+
+    def describe(self, path: Path) -> dict[str, Any]:
+        """What a result file records about the calibration it used."""
+        return {"file": str(path), "created_at": self.created_at, "version": self.version,
+                "link_efficiency": self.link_efficiency, "kernel_ms": self.kernel_ms}  # fmt: skip
+
+
+def identity() -> dict[str, Any]:
+    """This machine, as far as a calibration cares: processor, cores and memory."""
+    from trainsim.transform.opcost import cpu_model
+
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "mem_gib": round(mem / 2**30)}
+
+
+def version() -> str:
+    import trainsim
+
+    return f"{trainsim.__version__}/{FORMAT}"
+
+
+def default_path() -> Path:
+    """``$XDG_CACHE_HOME/trainsim/machine.json`` (``~/.cache/trainsim/machine.json``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "trainsim" / "machine.json"
+
+
+def load_machine(path: Path | None = None, *, recalibrate: bool = False, log: Any = None) -> tuple[
+        MachineCalibration, Path]:  # fmt: skip
+    """The calibration in ``path`` (default ``default_path()``), measured first when the file is
+    missing or ``recalibrate``; a file of another machine or version is an error."""
+    path = path or default_path()
+    if recalibrate or not path.exists():
+        cal = calibrate_machine(log=log)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(json.dumps(asdict(cal), indent=1) + "\n")
+        tmp.replace(path)
+        return cal, path
+    try:
+        raw = json.loads(path.read_text())
+        raw["allgather_line"], raw["p2p_line"] = tuple(raw["allgather_line"]), tuple(raw["p2p_line"])
+        cal = MachineCalibration(**raw)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise UserError(f"{path}: not a machine calibration ({e}); pass --recalibrate to measure a new one") from None
+    if cal.version != version():
+        raise UserError(f"{path}: calibration of trainsim {cal.version}, this is {version()}; pass --recalibrate")
+    here = identity()
+    if cal.machine != here:
+        raise UserError(f"{path}: calibration of another machine ({cal.machine}, this is {here}); pass --recalibrate")
+    return cal, path
+
+
+# --------------------------------------------------------------------------- measuring
+def calibrate_machine(*, log: Any = None) -> MachineCalibration:
+    """Measure the three generic workloads (about a minute)."""
+    import numpy as np
+
+    from trainsim.cluster.calibrate import calibrate
+    from trainsim.validate.netns import netns_unavailable
+
+    say = log or (lambda s: None)
+    say("machine calibration: gloo all-reduce, all-gather and send over loopback, fixed grid of sizes")
+    loop = calibrate(world=2, sizes=GRID, reps=3, budget_s=0.15, allgather_sizes=GRID, p2p_sizes=GRID)
+    sizes = np.array(GRID, dtype=float)
+    host = np.array(loop.measured_us)
+    a, b = _line(sizes, host)
+    shaped: list[float] = []
+    eff, rate = 1.0, None
+    if netns_unavailable() is None:
+        rate = CAL_RATE_MBIT
+        say(f"machine calibration: the all-reduce grid on a veth link shaped to {rate:g} Mbit/s")
+        sh = calibrate(world=2, rate_mbit=rate, sizes=GRID, reps=2, budget_s=0.15)
+        shaped = [float(x) for x in sh.measured_us]
+        big = sizes >= (256 << 10)
+        wire = (np.array(shaped) - (a + b * sizes))[big]
+        nominal = sizes[big] * 8 / rate  # us at the nominal rate (2 ranks: share 1)
+        eff = float(np.clip(nominal.sum() / max(wire.sum(), 1e-9), 0.05, 1.0))
+    ag = np.array(loop.allgather_measured_us, dtype=float)
+    pp = np.array(loop.p2p_oneway_us, dtype=float)
+    say("machine calibration: standard kernel alone and co-run")
+    # rounds of (alone, co-run k ...): a burst of outside load then hits one round's ratios, not all
+    rounds = [[_kernel_ms(1)[0], *(statistics.fmean(_kernel_ms(k)) for k in CORUN_PROCS)] for _ in range(3)]
+    alone = statistics.median(r[0] for r in rounds)
+    corun = {str(k): round(statistics.median(r[j + 1] / r[0] for r in rounds), 3) for j, k in enumerate(CORUN_PROCS)}
+    from trainsim.validate.protocol import now_iso as stamp
+
+    return MachineCalibration(
+        machine=identity(), version=version(), created_at=stamp(), sizes_bytes=list(GRID),
+        loopback_us=[round(float(x), 2) for x in host], host_a_us=round(a, 3), host_b_us_per_byte=b,
+        shaped_rate_mbit=rate, shaped_us=[round(x, 2) for x in shaped], link_efficiency=round(eff, 4),
+        allgather_loopback_us=[round(float(x), 2) for x in ag], allgather_line=_line(sizes, ag),
+        p2p_loopback_us=[round(float(x), 2) for x in pp], p2p_line=_line(sizes, pp),
+        kernel_ms=round(alone, 4), corun_slowdown=corun,
+    )  # fmt: skip
+
+
+def _line(x: Any, y: Any) -> tuple[float, float]:
+    """``(a, b)`` of ``y = a + b x`` by least squares, both clipped at 0."""
+    import numpy as np
+
+    b, a = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
+    return (round(max(float(a), 0.0), 3), max(float(b), 0.0))
+
+
+_KERNEL = f"""
+import os, time, torch
+torch.set_num_threads(1)
+a = torch.randn({KERNEL_N}, {KERNEL_N}); b = torch.randn({KERNEL_N}, {KERNEL_N})
+for _ in range(20): a @ b
+time.sleep(max(0.0, float(os.environ["TRAINSIM_START_AT"]) - time.time()))  # every process at once
+n, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < 1.0:
+    a @ b; n += 1
+print((time.perf_counter() - t0) / n * 1e3)  # wall time per kernel, time spent off the core included
+"""
+
+
+def _kernel_ms(procs: int) -> list[float]:
+    """The standard kernel's mean wall time (ms) in each of ``procs`` processes running at once: the
+    throughput, so that time waiting for a core counts (a median per call would hide it)."""
+    # every process starts timing at the same moment, after all of them have imported torch
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRAINSIM_START_AT=str(time.time() + 2.5 + 0.5 * procs))
+    ps = [subprocess.Popen([sys.executable, "-c", _KERNEL], stdout=subprocess.PIPE, text=True, env=env)
+          for _ in range(procs)]  # fmt: skip
+    out = []
+    for p in ps:
+        so, _ = p.communicate(timeout=120)
+        if p.returncode:
+            raise RuntimeError(f"the standard kernel failed in a child process (exit {p.returncode})")
+        out.append(float(so.strip().splitlines()[-1]))
+    time.sleep(0.1)
+    return out
+
+
+
+@click.command("calibrate")
+@click.option("--file", "file", type=click.Path(dir_okay=False), default=None,
+              help="Calibration file (default ~/.cache/trainsim/machine.json).")
+@click.option("--recalibrate", is_flag=True, help="Measure again and replace the file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the calibration as one JSON object.")
+def calibrate_command(file: str | None, recalibrate: bool, as_json: bool) -> None:  # fmt: skip
+    """Measure this machine once for every validation: link, host speed, co-run slowdown (~1 min)."""
+    from rich.console import Console
+
+    from trainsim.validate import progress_log
+
+    path = Path(file) if file else default_path()
+    fresh = recalibrate or not path.exists()
+    cal, path = load_machine(path, recalibrate=recalibrate, log=progress_log(Console(stderr=True)))
+    out = {"file": str(path), "measured_now": fresh, **asdict(cal)}
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{'measured' if fresh else 'loaded'} {path} ({cal.created_at}): all-reduce host cost "
+               f"{cal.host_a_us:.0f} us + {cal.host_b_us_per_byte * 1e3:.3f} us/KB, a shaped link delivers "
+               f"{100 * cal.link_efficiency:.0f} % of its rate, standard kernel {cal.kernel_ms:.3f} ms, co-run "
+               f"slowdown {cal.corun_slowdown}")  # fmt: skip
