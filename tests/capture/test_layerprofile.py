@@ -93,12 +93,3 @@ def test_between_runs_before_each_timed_step_of_each_batch_size() -> None:
                    between=lambda bs: seen.append((bs, torch.get_num_threads())))  # fmt: skip
     # 2 * reps timed steps per batch size (the warm-up ones untouched), on the profile's one thread
     assert seen == [(4, 1)] * 6 + [(2, 1)] * 6
-
-
-def test_profile_with_reference_times_the_plain_loop_in_step_with_the_profile() -> None:
-    from trainsim.validate.pipeline import profile_with_reference
-
-    prof, steps = profile_with_reference("mlp", 2, (4, 2), reps=2)
-    assert sorted(prof.by_batch) == [2, 4]
-    assert sorted(steps) == [2, 4]
-    assert all(len(v) == 4 and min(v) > 0 for v in steps.values())

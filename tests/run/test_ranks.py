@@ -70,18 +70,3 @@ def test_thread_clock_counts_cpu_where_a_thread_computes_not_where_it_sleeps() -
     assert clock.per_step(2)["main"]["run_ms"] >= (60.0 + 55.0) / 2  # per step over both windows
     with pytest.raises(RuntimeError, match="without start"):
         ThreadClock().stop()
-
-
-def test_renice_threads_sets_the_named_threads_only() -> None:
-    """In a child process (a nice value cannot be lowered again without privileges): the main
-    thread, by its kernel name, goes to nice 7; a prefix that names no thread is reported."""
-    code = (
-        "import json, os\n"
-        "from trainsim.run.ranks import renice_threads\n"
-        "name = open('/proc/self/comm').read().strip()\n"
-        "print(json.dumps([renice_threads(name, 7), os.getpriority(os.PRIO_PROCESS, os.getpid()),"
-        " renice_threads('no-such-thread', 7)]))\n"
-    )
-    done, nice, missing = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    assert done[0] >= 1 and done[1] is None and nice == 7
-    assert missing == [0, "no thread named no-such-thread*"]

@@ -138,29 +138,6 @@ def test_a_per_step_runtime_cost_lengthens_every_step_by_itself() -> None:
         predict_pipeline(prof, spec, batch_size=32, link=Link(), step_overhead_us=-1.0)
 
 
-def test_runtime_cost_fit() -> None:
-    from trainsim.validate.pipeline import _fit_runtime_cost
-
-    assert _fit_runtime_cost([(24, 12_000.0), (96, 30_000.0)]) == pytest.approx((250.0, 6000.0))
-    assert _fit_runtime_cost([(96, 30_000.0), (24, 12_000.0)]) == pytest.approx((250.0, 6000.0))  # any order
-    # more messages but less extra: a per-step cost only
-    assert _fit_runtime_cost([(24, 12_000.0), (96, 8_000.0)]) == pytest.approx((0.0, 10_000.0))
-    # a negative per-step part: through the origin
-    a, f = _fit_runtime_cost([(24, 1_000.0), (96, 30_000.0)])
-    assert f == 0.0 and a == pytest.approx((24 * 1_000.0 + 96 * 30_000.0) / (24**2 + 96**2))
-    assert _fit_runtime_cost([(96, 9_600.0)]) == pytest.approx((100.0, 0.0))
-    assert _fit_runtime_cost([(96, -500.0)]) == (0.0, 0.0)
-    # the calibrated charge per message may be too high: a negative cost per action, down to the floor
-    assert _fit_runtime_cost([(24, -1_000.0), (96, -4_600.0)], min_per_action=-300.0) == pytest.approx((-50.0, 200.0))
-    a, f = _fit_runtime_cost([(24, -3_000.0), (96, -9_000.0)], min_per_action=-300.0)  # through the origin
-    assert f == 0.0 and a == pytest.approx((24 * -3_000.0 + 96 * -9_000.0) / (24**2 + 96**2))
-    assert _fit_runtime_cost([(96, -9_600.0)], min_per_action=-300.0) == pytest.approx((-100.0, 0.0))
-    assert _fit_runtime_cost([(96, -96_000.0)], min_per_action=-300.0) == pytest.approx((-300.0, 0.0))
-    # below the floor per action: the floor, and the rest of the extra per step
-    a, f = _fit_runtime_cost([(24, 0.0), (96, -36_000.0)], min_per_action=-300.0)
-    assert a == -300.0 and f == pytest.approx((0.0 - 36_000.0 + 300.0 * 120) / 2)
-
-
 def test_bad_input_is_refused() -> None:
     with pytest.raises(UserError, match="needs 2 stage"):
         PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=1)
@@ -252,11 +229,3 @@ def test_latencies_of_messages_in_flight_overlap() -> None:
     assert all(g.dur_us[i] == pytest.approx(5_000.0) for i in delays)
     assert len({int(g.resource[i]) for i in delays}) == len(delays)  # each delay on its own resource
     assert len({int(g.resource[i]) for i in wires}) == 2  # one channel per direction
-
-
-def test_comm_actions_per_rank() -> None:
-    from trainsim.validate.pipeline import comm_actions
-
-    # GPipe on 2 ranks, M microbatches: the busiest rank sends M activations and receives M gradients
-    assert comm_actions(PipeSpec(schedule="GPipe", microbatches=4)) == 8
-    assert comm_actions(PipeSpec(schedule="Interleaved1F1B", stages_per_rank=2, microbatches=16)) == 96

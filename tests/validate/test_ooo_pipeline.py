@@ -1,18 +1,188 @@
-"""``validate ooo-dp`` / ``validate pipeline``: bad input stops before any process; ranking logic."""
+"""``validate ooo-dp`` / ``validate pipeline``: the protocol (predictions frozen before the first run,
+untouched by anything a run reads), seed-reproducible draws, bad input stopping before any process."""
 
 from __future__ import annotations
 
 import json
-import statistics
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from trainsim.capture.layerprofile import LayerProfile
 from trainsim.cli.main import main
-from trainsim.validate.pipeline import misranked_lines, post_us_per_op, ranking_check
+from trainsim.validate import machine as mcal
+from trainsim.validate import ooo, pipeline
+from trainsim.validate.pipeline import CaseProfile, post_us_per_op
 
 
-def _row(label: str, m: int, pred: float, meas: float) -> dict[str, object]:
-    return {"config": {"label": label, "microbatches": m}, "predicted_ms": pred, "measured_ms": meas}
+def _cal() -> mcal.MachineCalibration:
+    return mcal.MachineCalibration(
+        machine=mcal.identity(), version=mcal.version(), created_at="2026-11-29T00:00:00+00:00", sizes_bytes=[1, 2],
+        loopback_us=[100.0, 100.0], host_a_us=150.0, host_b_us_per_byte=0.002, shaped_rate_mbit=150.0,
+        shaped_us=[], link_efficiency=0.9, allgather_loopback_us=[], allgather_line=(80.0, 0.002), p2p_loopback_us=[],
+        p2p_line=(120.0, 0.001), kernel_ms=0.4, corun_slowdown={"2": 1.1, "4": 2.1},
+    )  # fmt: skip
+
+
+def _profile(model: str, n_layers: int, batch_sizes: tuple[int, ...]) -> LayerProfile:
+    """A synthetic per-layer profile: every layer 1 ms forward, 2 ms backward, 1 MB of parameters."""
+    def rows(bs: int) -> list[dict[str, Any]]:
+        s = bs / 32
+        return [{"name": f"l{i}", "fwd_us": 1000.0 * s, "bwd_us": 2000.0 * s, "bwd_input_us": 1000.0 * s,
+                 "bwd_weight_us": 1100.0 * s, "opt_us": 200.0, "pack_us": 50.0, "unpack_us": 50.0,
+                 "param_bytes": 1 << 20, "out_bytes": 4096 * bs} for i in range(n_layers)]  # fmt: skip
+
+    return LayerProfile(model, 1, 3, "test", {bs: {"loss_us": 100.0, "layers": rows(bs)} for bs in batch_sizes})
+
+
+class WildRunner:
+    """A stand-in for the real runs: every call returns a different step and wildly perturbed in-run
+    readings; records the result file's state at its first call."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.calls, self.first_doc = out, 0, None
+
+    def __call__(self, cfg: dict[str, Any], p: int) -> tuple[float, dict[str, Any]]:
+        if self.first_doc is None:
+            self.first_doc = json.loads(self.out.read_text())
+        self.calls += 1
+        wild = 10.0 ** ((self.calls % 5) - 2)  # 0.01 ... 100
+        return 20.0 * (1 + 0.05 * (self.calls % 3)), {"host_speed": wild, "corun_factor": 1 / wild,
+                                                       "step_median_ms": 1e6 * wild, "run_queue_ms": wild}  # fmt: skip
+
+
+def _frozen(doc: dict[str, Any]) -> list[tuple[str, float]]:
+    return [(r["label"], r["predicted_ms"]) for r in doc["runs"]]
+
+
+# --------------------------------------------------------------------------- ooo-dp
+def _ooo_profiler(case: ooo.OooCase) -> LayerProfile:
+    return _profile(case.model, case.blocks + 2, (case.batch_size,))
+
+
+def test_ooo_predictions_are_frozen_first_and_untouched_by_in_run_readings(tmp_path: Path) -> None:
+    cases = [ooo.OooCase(model="mlp", blocks=4, rate_mbit=200.0, k=2),
+             ooo.OooCase(model="transformer", blocks=3, rate_mbit=500.0, delay_ms=1.0, drawn=True)]  # fmt: skip
+    docs = []
+    for i in range(2):  # the same cases twice, with different in-run readings: the same predictions
+        out = tmp_path / f"r{i}.json"
+        runner = WildRunner(out)
+        if i:
+            runner.calls = 17
+        doc = ooo.run_ooo_validation(cases, out, seed=5, mc=_cal(), passes=3, runner=runner, profiler=_ooo_profiler,
+                                     shaped=True)  # fmt: skip
+        assert runner.first_doc is not None and runner.first_doc["predictions_frozen_at"]
+        assert runner.first_doc["runs_started_at"] is not None and all(
+            r["measured_ms"] is None for r in runner.first_doc["runs"])  # fmt: skip
+        assert _frozen(runner.first_doc) == _frozen(doc)  # nothing a run returned reached a prediction
+        assert runner.calls - 17 * i == 3 * len(doc["runs"])
+        docs.append(doc)
+    assert _frozen(docs[0]) == _frozen(docs[1])
+    doc = docs[0]
+    assert [r["config"]["k"] for r in doc["runs"][:2]] == [0, 2] and doc["runs"][0]["held_out"] is False
+    assert any(r["held_out"] for r in doc["runs"])
+    for r in doc["runs"]:
+        assert len(r["measured_passes_ms"]) == 3 and len(r["diagnostics"]) == 3
+        assert r["within"] in ("10%", "spread", False) and r["spread_pct"] >= 0
+    assert doc["seed"] == 5 and doc["mean_abs_error_pct"] is not None and doc["speedups"]
+    assert json.loads((tmp_path / "r0.json").read_text())["finished_at"]
+
+
+def test_ooo_prediction_reads_the_machine_calibration() -> None:
+    """A slower link or a busier host: a slower predicted step (the calibration is an input, the runs are not)."""
+    case = ooo.OooCase(model="mlp", blocks=4, rate_mbit=1000.0, k=0)
+    prof = _ooo_profiler(case)
+    base = ooo.predict_case(case, prof, _cal())[0]["predicted_ms"]
+    slow_link = ooo.predict_case(replace(case, rate_mbit=50.0), prof, _cal())[0]["predicted_ms"]
+    busy = ooo.predict_case(case, prof, replace(_cal(), corun_slowdown={"2": 1.5, "4": 3.0}))[0]["predicted_ms"]
+    assert slow_link > base and busy > base
+
+
+def test_ooo_draws_repeat_with_the_seed() -> None:
+    a, b, c = ooo.draw_cases(11, False), ooo.draw_cases(11, False), ooo.draw_cases(12, False)
+    assert a == b and a != c and len(a) == 3 and len(ooo.draw_cases(11, True)) == 1
+    lo, hi = ooo.RATE_RANGE_MBIT
+    for case in a + c:
+        assert case.drawn and case.k is not None and case.k >= 1 and lo <= (case.rate_mbit or 0) <= hi
+        assert case.delay_ms in ooo.DELAYS_MS
+
+
+def test_ooo_interrupt_keeps_what_was_measured_marked_partial(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    n = [0]
+
+    def runner(cfg: dict[str, Any], p: int) -> float:
+        n[0] += 1
+        if n[0] == 3:
+            raise KeyboardInterrupt
+        return 10.0
+
+    with pytest.raises(KeyboardInterrupt):
+        ooo.run_ooo_validation([ooo.OooCase(model="mlp", blocks=3, k=1)], out, seed=1, mc=_cal(), runner=runner,
+                               profiler=_ooo_profiler, shaped=False)  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["partial"] and "Ctrl-C" in doc["partial_reason"] and doc["measured"] == 2
+    assert all(r["config"]["rate_mbit"] is None for r in doc["runs"])  # no namespaces: predicted as unshaped
+
+
+# --------------------------------------------------------------------------- pipeline
+def _pipe_profiler(case: pipeline.PipeCase) -> CaseProfile:
+    ms = sorted({m for _, _, m in case.configs()})
+    prof = _profile(case.model, case.blocks + 3, tuple(sorted({case.batch_size // m for m in ms})))
+    return CaseProfile(prof, {m: 30.0 for m in ms})
+
+
+def test_pipeline_predictions_are_frozen_first_and_untouched_by_in_run_readings(tmp_path: Path) -> None:
+    cases = [pipeline.PipeCase(blocks=4, microbatches=(4,), schedules=(("GPipe", 1), ("1F1B", 1), ("ZBVZeroBubble", 2))),
+             pipeline.draw_case(3, True)]  # fmt: skip
+    docs = []
+    for i in range(2):
+        out = tmp_path / f"p{i}.json"
+        runner = WildRunner(out)
+        runner.calls = 7 * i
+        doc = pipeline.run_pipeline_validation(cases, out, seed=3, mc=_cal(), passes=3, runner=runner,
+                                               profiler=_pipe_profiler, shaped=True)  # fmt: skip
+        assert runner.first_doc is not None and runner.first_doc["predictions_frozen_at"]
+        assert _frozen(runner.first_doc) == _frozen(doc)
+        docs.append(doc)
+    assert _frozen(docs[0]) == _frozen(docs[1])
+    doc = docs[0]
+    assert len(doc["runs"]) == 5 and sum(r["held_out"] for r in doc["runs"]) == 2
+    assert all(sum(r["config"]["split"]) == r["config"]["blocks"] + 3 for r in doc["runs"])
+    assert {"pairs_checked", "misranked", "right"} <= set(doc["ranking"]) and "ranking_same_m" in doc
+    assert all(len(r["diagnostics"]) == 3 for r in doc["runs"])
+
+
+def test_pipeline_link_comes_from_the_calibration_alone() -> None:
+    cal = _cal()
+    link = pipeline.pipe_link(cal, 100.0, 2.0)
+    a, b = cal.p2p_line
+    assert link.cpu_us == pytest.approx(a / 2) and link.cpu_us_per_byte == pytest.approx(b / 2)
+    assert link.latency_us == pytest.approx(2000.0)
+    assert link.transfer_us(1_000_000) - link.latency_us == pytest.approx(8e6 / (100 * 0.9))
+    # unshaped: the host's work is the whole cost of a message
+    assert pipeline.pipe_link(cal, None, 0.0).transfer_us(1_000_000) < 10.0
+
+
+def test_pipeline_draws_repeat_with_the_seed() -> None:
+    a, b, c = pipeline.draw_case(4, False), pipeline.draw_case(4, False), pipeline.draw_case(5, False)
+    assert a == b and a != c and a.drawn and len(a.configs()) == 4 and len(pipeline.draw_case(4, True).configs()) == 2
+    assert all(m in pipeline.DRAW_MICROBATCHES for _, _, m in a.configs() + c.configs())
+
+
+def test_ranking_within_one_microbatch_count() -> None:
+    def row(name: str, m: int, pred: float, meas: float) -> dict[str, Any]:
+        return {"label": name, "config": {"model": "transformer", "blocks": 4, "rate_mbit": 1e3, "delay_ms": 0.0,
+                                          "microbatches": m}, "predicted_ms": pred, "measured_ms": meas,
+                "spread_pct": 2.0}  # fmt: skip
+
+    rows = [row("a", 4, 10.0, 100.0), row("b", 4, 12.0, 120.0), row("c", 8, 30.0, 50.0)]
+    out = pipeline.ranking_same_m(rows)
+    assert out == {"pairs_checked": 1, "misranked": [], "right": True}  # c is alone at M = 8
+    rows[1]["predicted_ms"] = 8.0
+    assert pipeline.ranking_same_m(rows)["misranked"] == [["a", "b"]]
 
 
 def test_post_us_per_op_divides_each_kind_s_posting_by_its_operations() -> None:
@@ -24,30 +194,7 @@ def test_post_us_per_op_divides_each_kind_s_posting_by_its_operations() -> None:
     assert post_us_per_op(ranks) == [{"send": 125.0, "recv": 250.0}, {"send+recv": 250.0}, {}]
 
 
-def test_ranking_check_only_counts_clear_gaps() -> None:
-    rows = [
-        _row("a", 4, 10.0, 100.0),
-        _row("b", 4, 12.0, 120.0),
-        _row("c", 4, 9.0, 102.0),
-        _row("d", 8, 1, 1),
-    ]
-    out = ranking_check(rows, 5.0)
-    assert out["pairs_checked"] == 2  # a-b (20%) and b-c (17.6%); a-c is within 5%
-    assert out["ranking_ok"] and not out["pairs_misranked"]
-    rows[1]["predicted_ms"] = 8.0
-    out = ranking_check(rows, 5.0)
-    assert out["pairs_misranked"] == ["M=4: a vs b", "M=4: b vs c"]
-    # each misranked pair with its gaps and how many passes measured it in the medians' order
-    rows[0]["passes_ms"], rows[1]["passes_ms"] = [90.0, 130.0, 95.0], [120.0, 110.0, 125.0]
-    first = ranking_check(rows, 5.0)["misranked_detail"][0]
-    assert first == {"pair": "M=4: a vs b", "measured_gap_pct": 20.0, "predicted_gap_pct": 25.0,
-                     "passes_in_measured_order": "2/3"}  # fmt: skip
-    assert out["misranked_detail"][1]["passes_in_measured_order"] == "0/0"  # no passes recorded
-    assert misranked_lines(ranking_check(rows, 5.0))[0] == (
-        "M=4: a vs b (measured 20.0 % apart, in that order in 2/3 passes; predicted 25.0 % the other way)")
-    assert misranked_lines({"pairs_misranked": ["M=4: a vs b"]}) == ["M=4: a vs b"]  # older JSON: names only
-
-
+# --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "argv,msg",
     [
@@ -57,129 +204,62 @@ def test_ranking_check_only_counts_clear_gaps() -> None:
         (["validate", "ooo-dp", "--model", "mlp", "--k", "9"], "has 4 layers"),
         (["validate", "ooo-dp", "--passes", "0"], "--passes 0"),
         (["validate", "pipeline", "--passes", "0"], "--passes 0"),
-        # the link's figures are checked before the profile (they were refused only after it, and
-        # ``validate ooo-dp --rate 0`` ran the built-in set)
+        (["validate", "ooo-dp", "--seed", "-1"], "--seed -1"),
+        (["validate", "pipeline", "--seed", "-3"], "--seed -3"),
         (["validate", "pipeline", "--rate", "0"], "Invalid value for '--rate'"),
         (["validate", "pipeline", "--delay", "-2"], "Invalid value for '--delay'"),
         (["validate", "ooo-dp", "--rate", "0"], "Invalid value for '--rate'"),
         (["validate", "ooo-dp", "--delay", "-1"], "Invalid value for '--delay'"),
-        (["validate", "ooo-dp", "--blocks", "0"], "Invalid value for '--blocks'"),  # was ignored: the built-in set ran
+        (["validate", "ooo-dp", "--blocks", "0"], "Invalid value for '--blocks'"),
         (["validate", "pipeline", "--batch-size", "0"], "Invalid value for '--batch-size'"),
     ],
 )
-def test_bad_input_exits_2_before_running(
-    argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_input_exits_2_before_running(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert msg in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["ooo-dp", "pipeline"])
+def test_existing_result_file_or_foreign_calibration_is_one_line_and_exit_2(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    assert main(["validate", command, "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--force" in err and out.read_text() == "{}"
+    cal = tmp_path / "machine.json"
+    cal.write_text(json.dumps(asdict(replace(_cal(), machine={"cpu": "other", "cores": 64, "mem_gib": 512}))))
+    assert main(["validate", command, "--quick", "--out", str(tmp_path / "new.json"), "--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another machine" in err and "--recalibrate" in err
+    assert not (tmp_path / "new.json").exists()
+
+
+# --------------------------------------------------------------------------- real runs (marked)
 @pytest.mark.netns
 @pytest.mark.multiproc
-def test_quick_pipeline_validation_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["validate", "pipeline", "--quick", "--json", "--schedule", "1F1B", "--steps", "2", "--passes", "2"]
+def test_quick_pipeline_validation_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cal = tmp_path / "machine.json"
+    cal.write_text(json.dumps(asdict(_cal())))
+    argv = ["validate", "pipeline", "--quick", "--json", "--schedule", "1F1B", "--steps", "2", "--passes", "2",
+            "--seed", "1", "--calibration", str(cal), "--out", str(tmp_path / "p.json")]  # fmt: skip
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert len(out["runs"]) == 1 and out["runs"][0]["measured_ms"] > 0
-    run = out["runs"][0]
-    # two passes, each with its own co-run reading and prediction; the row reports their medians
-    assert len(run["passes_ms"]) == len(run["passes_predicted_ms"]) == len(run["passes_corun_factor"]) == 2
-    assert run["predicted_ms"] == pytest.approx(sum(run["passes_predicted_ms"]) / 2, abs=1e-3)
-    # the prediction used the co-run factor measured just before; without it, it is never slower
-    assert run["corun_factor"] >= 1.0 and run["predicted_no_corun_ms"] <= run["predicted_ms"] * 1.01
-    # the loop's speed at profile time: one step before each of the profile's 40 timed steps
-    assert all(len(v) == 40 and min(v) > 0 for v in out["profile_time_loop_ms"].values())
-    # posting on a busy host: calibrated, never negative, part of the link's host time per message (the
-    # ranks unpinned, the default; the probe's correction never takes the rest below 0; busy_post_us is
-    # rounded to 0.1 us)
-    assert 0.0 <= out["link"]["busy_post_us"] <= out["link"]["cpu_us"] + 0.05 and run["config"]["pinned"] is False
-    # what posting one send and one receive took in the run, per rank (medians of the passes)
-    assert len(run["post_us"]) == 2 and all(set(r) <= {"send", "recv", "send+recv"} and r for r in run["post_us"])
-    assert all(v > 0 for r in run["post_us"] for v in r.values())
+    assert len(out["runs"]) == 3 and all(len(r["measured_passes_ms"]) == 2 for r in out["runs"])
+    assert out["predictions_frozen_at"] <= out["runs_started_at"] and out["calibration"]["file"] == str(cal)
+    assert all(r["diagnostics"][0]["step_min_ms"] > 0 for r in out["runs"])
 
 
 @pytest.mark.netns
 @pytest.mark.multiproc
-def test_ooo_dp_validation_in_passes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_ooo_dp_validation_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cal = tmp_path / "machine.json"
+    cal.write_text(json.dumps(asdict(_cal())))
     argv = ["validate", "ooo-dp", "--model", "mlp", "--blocks", "2", "--rate", "200", "--k", "1", "--steps", "2",
-            "--passes", "2", "--json"]  # fmt: skip
+            "--passes", "2", "--seed", "1", "--calibration", str(cal), "--out", str(tmp_path / "o.json"), "--json"]  # fmt: skip
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["config"]["mode"] for r in out["runs"]] == ["ddp-order", "reverse-first-k"]
-    for r in out["runs"]:
-        assert len(r["passes_ms"]) == 2 and r["measured_ms"] == pytest.approx(sum(r["passes_ms"]) / 2, abs=1e-3)
-        # the prediction: per pass from the host's speed read during its runs; the one from before beside it
-        assert len(r["passes_predicted_ms"]) == len(r["passes_host_reading"]) == 2
-        assert r["predicted_ms"] == pytest.approx(sum(r["passes_predicted_ms"]) / 2, abs=1e-3)
-        assert r["predicted_before_runs_ms"] > 0
-        # the loop's speed at profile time: one step before each of the profile's 40 timed steps
-        assert len(r["profile_time_loop_steps_ms"]) == 40
-        assert r["profile_time_loop_ms"] == pytest.approx(statistics.median(r["profile_time_loop_steps_ms"]), abs=1e-3)
-        assert all(h["host_speed"] > 0 and h["corun_factor"] >= 1.0 for h in r["passes_host_reading"])
-        assert r["predicted_ms"] > 0
-    (s,) = out["speedups"]
-    assert s["passes"] == 2 and s["measured_speedup"] > 0 and s["torch_ddp_ms"] > 0
-
-
-@pytest.mark.multiproc
-def test_side_by_side_terms_read_every_order_with_one_co_run_factor() -> None:
-    from trainsim.capture.layerprofile import profile_layers
-    from trainsim.validate.ooo import OooCase, side_by_side_terms
-
-    case = OooCase(model="mlp", blocks=4, batch_size=8, rate_mbit=None)
-    prof = profile_layers("mlp", batch_sizes=(8,), reps=3, zoo=case.zoo())
-    terms = side_by_side_terms(case, prof, (0, 2, 2), steps=5, warmup=1)
-    assert sorted(terms) == [0, 2]
-    assert terms[0].factor == terms[2].factor >= 1.0
-    assert all(t.extra_us >= 0 for t in terms.values())
-
-
-@pytest.mark.multiproc
-def test_copies_with_one_start_at_start_their_loops_together() -> None:
-    """``start_at`` holds each copy's loop until one moment, so copies launched together (whose
-    processes come up a second apart) run their steps at once (``side_by_side_terms``)."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from trainsim.run.ooo_dp import DpRunConfig, run_dp
-    from trainsim.run.ranks import free_ports
-    from trainsim.validate.ooo import CORUN_START_S
-
-    cfg = DpRunConfig(mode="ooo", k=0, world_size=1, model="mlp", batch_size=8, steps=3, warmup=1,
-                      start_at=time.time() + CORUN_START_S)  # fmt: skip
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(run_dp, cfg, port=p) for p in free_ports(2)]
-        marks = [f.result()["ranks"][0]["marks"] for f in futures]
-    assert all(len(m) == cfg.steps + 1 for m in marks)
-    assert abs(marks[0][0] - marks[1][0]) < 0.5  # perf_counter: one clock for both processes
-
-
-def test_host_reading_takes_alone_steps_and_the_overlap_of_the_together_ones() -> None:
-    from trainsim.validate.pipeline import host_reading
-
-    # rank 0: alone 10 ms steps; rank 1: alone 20 ms; together: 30 ms steps, rank 1 starting 30 ms late
-    r0 = {"host_speed": [{"alone": [0.0, 0.01, 0.02, 0.03], "together": [1.0, 1.03, 1.06, 1.09, 1.12, 1.15]}]}
-    r1 = {"host_speed": [{"alone": [0.5, 0.52, 0.54, 0.56], "together": [1.03, 1.06, 1.09, 1.12, 1.15, 1.18]}]}
-    alone, together = host_reading([[r0, r1]])
-    assert alone == pytest.approx(15.0)  # median of 10, 10, 10, 20, 20, 20
-    assert together == pytest.approx(30.0)
-    # two runs pool their samples: a second run whose ranks ran 40 ms steps alone
-    r2 = {"host_speed": [{"alone": [0.0, 0.04, 0.08, 0.12], "together": r0["host_speed"][0]["together"]}]}
-    r3 = {"host_speed": [{"alone": [0.5, 0.54, 0.58, 0.62], "together": r1["host_speed"][0]["together"]}]}
-    assert host_reading([[r0, r1], [r2, r3]])[0] == pytest.approx(30.0)  # median of 3x10, 3x20, 6x40
-    with pytest.raises(ValueError, match="no host-speed rounds"):
-        host_reading([[{"host_speed": []}, {"host_speed": []}]])
-
-
-def test_co_run_steps_of_every_order_count_inside_every_copy_s_window() -> None:
-    from trainsim.validate.ooo import overlapping_alt
-
-    # copy 0 runs its orders from t = 0.0 to 1.0 s, copy 1 from 0.3 to 1.3 s: only 0.3-1.0 s counts
-    c0 = {0: [(0.1 * i, 0.1 * i + 0.05) for i in range(0, 10, 2)], 3: [(0.1 * i, 0.1 * i + 0.1) for i in range(1, 10, 2)]}
-    c1 = {k: [(a + 0.3, b + 0.3) for a, b in v] for k, v in c0.items()}
-    got = overlapping_alt([c0, c1], min_steps=2)
-    assert got[0][0] == pytest.approx([50.0, 50.0, 50.0])  # starts 0.4, 0.6, 0.8
-    assert got[3][0] == pytest.approx([100.0] * 4)  # starts 0.3, 0.5, 0.7, 0.9 (ends at 1.0: inside)
-    assert len(got[0][1]) == 4 and len(got[3][1]) == 3  # copy 1: its steps that end by 1.0 s
-    # too few steps of an order inside the window: all of that copy's steps of it
-    assert len(overlapping_alt([c0, c1], min_steps=4)[0][0]) == 5
+    assert [r["config"]["k"] for r in out["runs"][:2]] == [0, 1]
+    assert all(len(r["measured_passes_ms"]) == 2 and r["measured_ms"] > 0 for r in out["runs"])
+    assert out["speedups"] and out["seed"] == 1

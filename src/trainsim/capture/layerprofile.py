@@ -179,7 +179,7 @@ def profile_layers(
 
     ``zoo`` holds extra ``ZooSpec`` fields (e.g. ``{"blocks": 4}``). ``between(batch_size)`` runs before
     each timed step, on the profile's thread count: to time something else in step with the profile
-    (the plain loop that a validation's runs are compared with, ``validate.pipeline.profile_with_reference``).
+    (e.g. a reference loop).
     """
     import torch
     from torch import nn

@@ -282,7 +282,9 @@ class GraphBuilder:
         for t in dict.fromkeys(texts):
             if t is not None and t not in table:
                 table[t] = len(table)
-        return list(map({**table, None: -1}.__getitem__, texts))
+        lookup: dict[str | None, int] = {None: -1}
+        lookup.update(table)
+        return list(map(lookup.__getitem__, texts))
 
     def symbol_of(self, index: int) -> str | None:
         """The string behind a symbol index (``None`` for -1)."""

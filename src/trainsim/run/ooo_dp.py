@@ -31,21 +31,18 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import UserError
 from trainsim.run.ranks import (
-    HOST_STEPS,
     Popen,
-    host_speed_round,
     init_gloo,
     local_popen,
     run_workers,
     segments,
     slowest_rank_steps,
-    train_while,
     window_step_ms,
 )
 from trainsim.run.splitgrad import LayerTape
@@ -54,7 +51,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-MODES = ("ooo", "ddp", "load")
+MODES = ("ooo", "ddp")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,9 +61,7 @@ class DpRunConfig:
     model: str = "mlp"
     """zoo model name"""
     mode: str = "ooo"
-    """``ooo``: ``OooDataParallel`` with ``k``; ``ddp``: torch's DistributedDataParallel (reference);
-    ``load``: no gradient exchange: all-reduces of ``probe_sizes`` timed on a thread while the plain
-    training loop runs (``load_probe``)"""
+    """``ooo``: ``OooDataParallel`` with ``k``; ``ddp``: torch's DistributedDataParallel (reference)"""
     k: int = 0
     """layers (from the input) whose weight gradients are deferred and reordered; 0 = DDP order"""
     world_size: int = 2
@@ -80,6 +75,8 @@ class DpRunConfig:
     momentum: float = 0.9
     zoo_blocks: int = 0
     """transformer blocks / mlp depth; 0 = the zoo's default"""
+    zoo_width: int = 0
+    """mlp hidden width; 0 = the zoo's default (other models: ignored)"""
     seed: int = 0
     timeout_s: float = 120.0
     """process-group timeout and (x3) whole-run timeout"""
@@ -87,26 +84,9 @@ class DpRunConfig:
     """fault injection for tests: this rank exits with code 3 at step 1"""
     save_params: bool = False
     """return the final parameters (tests)"""
-    probe_sizes: tuple[int, ...] = ()
-    """``load`` mode: all-reduce sizes (bytes)"""
-    probe_reps: tuple[int, ...] = ()
-    """``load`` mode: all-reduces per size (every rank runs the same count)"""
-    start_at: float = 0.0
-    """epoch seconds: every rank starts its loop no earlier (copies of a one-rank run launched together
-    then run their loops together: ``validate.ooo.side_by_side_terms``)"""
     trace: bool = False
     """record each step's events (ms from the step's start): forward/backward/weight phase ends, time
     spent waiting for all-reduces, each all-reduce's issue and completion (``OooDataParallel.events``)"""
-    host_rounds: int = 0
-    """modes ``ooo`` and ``ddp``: readings of the host's speed during the run
-    (``run.ranks.host_speed_round`` on a copy of the model), each before a segment of the measured
-    steps (``run.ranks.segments``); 0: none"""
-    alternate: tuple[int, ...] = ()
-    """mode ``ooo``: run these orders (values of k) side by side instead of ``k``, each on its own copy
-    of the model, in turns of ``ALT_TURN`` steps on the same batches (``alternate_orders``); ``steps``
-    counted steps per order. The rank's result then holds ``alt``: per order, its counted steps'
-    (start, end) times"""
-
     def __post_init__(self) -> None:
         from trainsim.models.zoo import MODELS
 
@@ -117,34 +97,25 @@ class DpRunConfig:
         for f in ("world_size", "steps", "batch_size"):
             if getattr(self, f) < 1:
                 raise UserError(f"{f}={getattr(self, f)}; expected a positive integer")
-        if self.k < 0 or self.warmup < 0 or self.host_rounds < 0:
-            raise UserError(f"k={self.k}, warmup={self.warmup}, host_rounds={self.host_rounds}; expected "
-                            "integers >= 0")  # fmt: skip
-        if len(self.probe_sizes) != len(self.probe_reps) or any(
-            v < 1 for v in (*self.probe_sizes, *self.probe_reps)
-        ):
-            raise UserError(f"probe_sizes {self.probe_sizes}, probe_reps {self.probe_reps}; expected two lists "
-                            "of positive integers of the same length")  # fmt: skip
-        if self.mode == "load" and not self.probe_sizes:
-            raise UserError("mode 'load' needs probe_sizes")
-        if self.alternate and (self.mode != "ooo" or self.host_rounds or self.trace or len(set(self.alternate))
-                               != len(self.alternate) or min(self.alternate) < 0):
-            raise UserError(f"alternate={self.alternate} with mode {self.mode!r}, host_rounds={self.host_rounds}, "
-                            f"trace={self.trace}; expected distinct k >= 0, mode 'ooo', no host rounds, no trace")
-
+        if self.k < 0 or self.warmup < 0:
+            raise UserError(f"k={self.k}, warmup={self.warmup}; expected integers >= 0")
     def zoo_spec(self) -> Any:
-        return zoo_spec(self.model, self.batch_size, self.zoo_blocks)
+        return zoo_spec(self.model, self.batch_size, self.zoo_blocks, width=self.zoo_width)
 
 
-def zoo_spec(model: str, batch_size: int, blocks: int = 0) -> Any:
-    """``ZooSpec`` with ``blocks`` as transformer blocks or mlp depth (0: the default)."""
+def zoo_spec(model: str, batch_size: int, blocks: int = 0, *, width: int = 0) -> Any:
+    """``ZooSpec`` with ``blocks`` as transformer blocks or mlp depth and ``width`` as the mlp's hidden
+    width (0: the default)."""
     from trainsim.models.zoo import ZooSpec
 
+    spec = ZooSpec(batch_size=batch_size)
     if blocks and model == "transformer":
-        return ZooSpec(batch_size=batch_size, blocks=blocks)
+        spec = replace(spec, blocks=blocks)
     if blocks and model == "mlp":
-        return ZooSpec(batch_size=batch_size, depth=blocks)
-    return ZooSpec(batch_size=batch_size)
+        spec = replace(spec, depth=blocks)
+    if width and model == "mlp":
+        spec = replace(spec, width=width)
+    return spec
 
 
 def zoo_layer_count(model: str, batch_size: int = 32, zoo: dict[str, Any] | None = None) -> int:
@@ -301,15 +272,6 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
     def make_opt(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
-    if cfg.mode == "load" or cfg.alternate:  # the probe, or the orders side by side: their own loops
-        if cfg.mode == "load":
-            res = load_probe(model, batches, loss_fn, cfg, rank)
-        else:
-            res = alternate_orders(model, batches, loss_fn, make_opt, cfg, rank)
-        out.write_text(json.dumps({"rank": rank, **res}))
-        dist.barrier()
-        dist.destroy_process_group()
-        return
     step_fn: Callable[[torch.Tensor, torch.Tensor], float]
     trace: list[Any] = []
     if cfg.mode == "ooo":
@@ -333,15 +295,8 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
     losses: list[float] = []
     step_ms: list[float] = []
     marks: list[float] = []
-    host: list[dict[str, list[float]]] = []
-    if cfg.host_rounds:  # a copy of the model for the host's speed (the plain loop, no communication)
-        plain, plain_batch = build_with_batches(cfg.model, seed=cfg.seed + 1, spec=cfg.zoo_spec())
-    time.sleep(max(0.0, cfg.start_at - time.time()))
     s = 0
-    for i, (warm, n) in enumerate(segments(cfg.steps, cfg.warmup, cfg.host_rounds)):
-        if cfg.host_rounds:  # the collectives still in flight finish first (the barriers queue behind them)
-            host.append(host_speed_round(plain, plain_batch, loss_fn, rank=rank, world=cfg.world_size,
-                                         steps=HOST_STEPS, warmup=1 if i else 2))  # fmt: skip
+    for warm, n in segments(cfg.steps, cfg.warmup, 0):
         stamps: list[float] = []
         for j in range(warm + n):
             if s == 1 and rank == cfg.crash_rank:
@@ -367,7 +322,6 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         "step_ms": step_ms,
         # each segment's measured steps' starts and its last step's end (time.perf_counter, s)
         "marks": marks,
-        "host_speed": host,
     }
     if cfg.trace:  # events as ms from each step's start (completions may land in the next step's list)
         result["trace"] = [[(name, round(1e3 * (t - ev[0][1]), 3) if not name.startswith(("wait:", "cpu:")) else round(1e3 * t, 3))
@@ -376,104 +330,6 @@ def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> N
         result["params"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]
     out.write_text(json.dumps(result))
     dist.destroy_process_group()
-
-
-ALT_TURN = 4
-"""steps per turn of one order in ``alternate_orders``; the first after a switch is not counted (the
-other order's copy of the model has just run)"""
-
-
-def alternate_orders(
-    model: Any, batches: Any, loss_fn: Any, make_opt: Any, cfg: DpRunConfig, rank: int
-) -> dict[str, Any]:
-    """The orders ``cfg.alternate`` side by side in this process: each on its own copy of ``model``
-    (``OooDataParallel``), in turns of ``ALT_TURN`` steps, every order on the same batches, until each
-    has ``cfg.steps`` counted steps. Side by side, a drift of the host's speed reaches every order
-    alike, so their difference (the runtime's own work as a function of k) is read in one window, not
-    in runs a minute apart (two such runs of k = 0 and k = 1 on the transformer, the same minute,
-    differed by 14 ms per step, ten times what the orders differ by). ``{"alt": {k: [(start, end)]}}``."""
-    import copy
-
-    runners = {k: OooDataParallel(copy.deepcopy(model), k, make_opt) for k in cfg.alternate}
-    for r in runners.values():
-        for s in range(cfg.warmup):
-            x, y = batches(s * cfg.world_size + rank)
-            r.step(x, y, loss_fn)
-    time.sleep(max(0.0, cfg.start_at - time.time()))
-    spans: dict[int, list[tuple[float, float]]] = {k: [] for k in runners}
-    turn = 0
-    while min(len(v) for v in spans.values()) < cfg.steps:
-        for k, r in runners.items():
-            for j in range(ALT_TURN):
-                t0 = time.perf_counter()
-                x, y = batches((cfg.warmup + turn * ALT_TURN + j) * cfg.world_size + rank)
-                r.step(x, y, loss_fn)
-                if j:
-                    spans[k].append((t0, time.perf_counter()))
-        turn += 1
-    for r in runners.values():
-        r.flush()
-    return {"alt": {str(k): v[: cfg.steps] for k, v in spans.items()}}
-
-
-def load_probe(model: Any, batches: Any, loss_fn: Any, cfg: DpRunConfig, rank: int) -> dict[str, Any]:
-    """All-reduces under a training load, as the reordered schedule runs them.
-
-    First the plain training loop alone (every rank at once, nothing sent) for ``cfg.warmup +
-    cfg.steps`` steps; then a communication thread runs back-to-back all-reduces of each size of
-    ``cfg.probe_sizes`` (``cfg.probe_reps`` of each) while the main thread keeps training. Per size:
-    the mean all-reduce time (the slowest rank's per operation) and the training lost meanwhile: the
-    loop's progress over the size's window (steps counted in fractions of the part inside it) against
-    its rate alone, times the mean all-reduce time. The idle calibration misses both: a busy rank's
-    gloo threads wait for a core, and the kernel's work for the shaped link runs on the training thread.
-    """
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-
-    def train_step(i: int) -> tuple[float, float]:
-        t0 = time.perf_counter()
-        x, y = batches(i * cfg.world_size + rank)
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-        return t0, time.perf_counter()
-
-    alone = [b - a for a, b in (train_step(i) for i in range(cfg.warmup + cfg.steps))][cfg.warmup :]
-    alone_s = statistics.median(alone)
-    windows: list[tuple[float, float, list[float]]] = []  # per size: start, end, all-reduce times (s)
-
-    def comm() -> None:
-        for size, reps in zip(cfg.probe_sizes, cfg.probe_reps, strict=True):
-            x = torch.ones(max(1, size // 4))
-            dist.all_reduce(x)  # buffers and connections for this size
-            times: list[float] = []
-            start = time.perf_counter()
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                dist.all_reduce(x)
-                times.append(time.perf_counter() - t0)
-            windows.append((start, time.perf_counter(), times))
-
-    dist.barrier()
-    steps: list[tuple[float, float]] = []
-    train_while(comm, lambda i: steps.append(train_step(i)), cfg.warmup + cfg.steps, f"load probe on rank {rank}")
-    mean_s, lost_s = [], []
-    for start, end, times in windows:
-        inside = sum(max(0.0, min(b, end) - max(a, start)) / (b - a) for a, b in steps)
-        frac = max(0.0, 1.0 - (inside / (end - start)) * alone_s)
-        mean_s.append(statistics.fmean(times))
-        lost_s.append(frac * mean_s[-1])
-    t = torch.tensor(mean_s, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    lost = torch.tensor(lost_s, dtype=torch.float64)
-    dist.all_reduce(lost)
-    return {"sizes": list(cfg.probe_sizes), "allreduce_us": [1e6 * v for v in t.tolist()],
-            "lost_us": [1e6 * v / cfg.world_size for v in lost.tolist()], "alone_ms": 1e3 * alone_s,
-            "train_steps": len(steps)}  # fmt: skip
 
 
 def run_dp(
@@ -486,15 +342,9 @@ def run_dp(
     from trainsim.models.zoo import build
 
     if cfg.mode == "ooo":
-        n = len(list(build(cfg.model, spec=cfg.zoo_spec())[0].children()))
-        for k in cfg.alternate or (cfg.k,):
-            check_k(k, n, cfg.model)
+        check_k(cfg.k, len(list(build(cfg.model, spec=cfg.zoo_spec())[0].children())), cfg.model)
     ranks = run_workers("trainsim.run.ooo_dp", cfg, cfg.world_size, popen=popen, master=master, port=port,
                         timeout_s=3 * cfg.timeout_s)  # fmt: skip
-    if cfg.mode == "load":
-        return {"config": asdict(cfg), **{k: v for k, v in ranks[0].items() if k != "rank"}}
-    if cfg.alternate:
-        return {"config": asdict(cfg), "ranks": ranks}
     per_step = slowest_rank_steps(ranks, cfg.steps)
     return {
         "config": asdict(cfg),

@@ -30,14 +30,10 @@ from typing import Any
 
 from trainsim.errors import UserError
 from trainsim.run.ranks import (
-    COMM_THREAD_PREFIX,
-    HOST_STEPS,
     Popen,
     ThreadClock,
-    host_speed_round,
     init_gloo,
     local_popen,
-    renice_threads,
     run_workers,
     segments,
     slowest_rank_steps,
@@ -70,26 +66,14 @@ class PipeRunConfig:
     """fault injection for tests: this rank exits with code 3 at step 1"""
     hollow: bool = False
     """the zoo's hollow transformer (``ZooSpec.hollow``): the runtime's own costs, almost no compute"""
-    pin: bool = False
-    """each rank on one core of its own (``run.ranks.pin_to_core``): ranks emulated on one host"""
-    comm_nice: int = 0
-    """nice value for gloo's socket-loop thread of each rank (``run.ranks.renice_threads``), 0-19; 0:
-    left as started. Emulation only: a lower priority keeps that thread's polling, when it cannot take
-    a pair's lock, off the core of the training thread that holds the lock"""
-    host_rounds: int = 0
-    """readings of the host's speed during the run (``run.ranks.host_speed_round`` on a copy of the
-    whole model at the microbatch size), each before a segment of the measured steps; 0: none"""
-
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", tuple(self.split))
         if self.hollow and self.model != "transformer":
             raise UserError(f"hollow=True needs the transformer; got model {self.model!r}")
-        if not 0 <= self.comm_nice <= 19:
-            raise UserError(f"comm_nice={self.comm_nice}; expected a nice value from 0 to 19")
-        if self.batch_size < 1 or self.steps < 1 or self.warmup < 0 or self.host_rounds < 0:
+        if self.batch_size < 1 or self.steps < 1 or self.warmup < 0:
             raise UserError(
-                f"batch_size={self.batch_size}, steps={self.steps}, warmup={self.warmup}, "
-                f"host_rounds={self.host_rounds}; expected positive (host_rounds >= 0)"
+                f"batch_size={self.batch_size}, steps={self.steps}, warmup={self.warmup}; expected positive "
+                "(warmup >= 0)"
             )
         spec = self.pipe_spec()  # validates schedule, stages per rank, microbatches
         if self.batch_size % self.microbatches:
@@ -150,9 +134,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     from trainsim.transform.pipeline import make_runtime
 
     spec = cfg.pipe_spec()
-    pin_error = init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s, pin=cfg.pin)
-    # gloo started its socket loop when the group formed
-    reniced, nice_error = renice_threads(COMM_THREAD_PREFIX, cfg.comm_nice) if cfg.comm_nice else (0, None)
+    init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s)
     model, batches = build_with_batches(cfg.model, seed=cfg.seed, spec=cfg.zoo_spec())
     children = list(model.children())
     s2r = spec.stage_to_rank()
@@ -175,10 +157,6 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     main_ms: list[float] = []  # this (the compute) thread's CPU time
     clock = ThreadClock()  # every thread's CPU and run-queue wait over the measured steps
     inside_ms: dict[str, float] = {}
-    host: list[dict[str, list[float]]] = []
-    if cfg.host_rounds:  # a copy of the whole model at the microbatch size, for the host's speed
-        plain, plain_batch = build_with_batches(cfg.model, seed=cfg.seed + 1,
-                                                spec=cfg.zoo_spec(cfg.batch_size // cfg.microbatches))  # fmt: skip
     step = 0
 
     def pipeline_step() -> None:
@@ -196,10 +174,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
             losses.append(float(torch.stack(mb_losses).mean()))
         step += 1
 
-    for i, (warm, n) in enumerate(segments(cfg.steps, cfg.warmup, cfg.host_rounds)):
-        if cfg.host_rounds:
-            host.append(host_speed_round(plain, plain_batch, nn.CrossEntropyLoss(), rank=rank, world=cfg.n_ranks,
-                                         steps=HOST_STEPS, warmup=1 if i else 2))  # fmt: skip
+    for warm, n in segments(cfg.steps, cfg.warmup, 0):
         for _ in range(warm):
             pipeline_step()
         inside.clear()
@@ -234,11 +209,6 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "p2p_ops_per_step": {k: v / cfg.steps for k, v in ops.items()},
                 "threads": clock.per_step(cfg.steps),
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
-                "host_speed": host,
-                "pinned": cfg.pin and pin_error is None,
-                "pin_error": pin_error,
-                "comm_threads_reniced": reniced,
-                "comm_nice_error": nice_error,
                 "cores": sorted(os.sched_getaffinity(0)),
             }
         )

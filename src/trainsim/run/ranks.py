@@ -150,35 +150,6 @@ def run_workers(
         return [json.loads(o.read_text()) for o in outs]
 
 
-def train_while(comm: Callable[[], object], train: Callable[[int], object], first: int, what: str) -> int:
-    """Run ``comm`` on a thread while the main thread calls ``train(first)``, ``train(first + 1)`` ...
-    until ``comm`` returns; the number of ``train`` calls. An exception in ``comm`` is raised here as a
-    ``RuntimeError`` naming ``what`` (the probes that time communication under a training load)."""
-    import threading
-
-    done = threading.Event()
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            comm()
-        except BaseException as exc:  # surfaced on the main thread
-            error.append(exc)
-        finally:
-            done.set()
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    i = first
-    while not done.is_set():
-        train(i)
-        i += 1
-    th.join()
-    if error:
-        raise RuntimeError(f"{what} failed: {error[0]!r}")
-    return i - first
-
-
 def slowest_rank_steps(ranks: Sequence[dict[str, Any]], steps: int) -> list[float]:
     """Per step, the time of the slowest rank (ms). Its median is biased upwards where the ranks
     synchronise inside a step rather than at its end (a rank's long step i then pairs with the other's
@@ -301,40 +272,6 @@ class ThreadClock:
         return {name: {"run_ms": round(run / n, 3), "wait_ms": round(wait / n, 3)} for name, (run, wait) in self._sum.items()}
 
 
-COMM_THREAD_PREFIX = "gloo_tcp"
-"""the name gloo gives its socket-loop thread (``gloo_tcp_loop``)"""
-
-
-def renice_threads(prefix: str, nice: int) -> tuple[int, str | None]:
-    """Give this process's threads whose name starts with ``prefix`` the nice value ``nice`` (Linux
-    takes a thread id in ``setpriority``). Returns how many were set and why the others were not
-    (``None``: no failure).
-
-    Why (``PipeRunConfig.comm_nice``): gloo's socket loop, woken by data for a pair whose lock another
-    thread holds, skips the event and polls again at once (``Pair::handleEvents`` takes the lock with
-    ``try_to_lock``, the socket stays readable). On a host with spare cores that lasts microseconds;
-    on the 2-vCPU VM, where the rank posting a receive holds the lock and both cores are taken by the
-    spinning loop and the other rank's computation, it lasted a scheduler slice: GPipe's first rank
-    spent 24-31 ms of its socket loop's CPU per step at M = 16 (other schedules 2-7 ms) and its
-    training thread waited 18-34 ms per step for a core (docs/ooo.md, "The socket loop's spin")."""
-    done, errors = 0, set()
-    try:
-        names = _thread_names()
-    except OSError as exc:
-        return 0, str(exc)
-    for tid, name in names.items():
-        if not name.startswith(prefix):
-            continue
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-            done += 1
-        except OSError as exc:
-            errors.add(str(exc))
-    if not done and not errors:
-        errors.add(f"no thread named {prefix}*")
-    return done, "; ".join(sorted(errors)) or None
-
-
 def run_queue_ms(per_rank: Sequence[dict[str, dict[str, float]]]) -> float | None:
     """The largest of the ranks' training-thread (``main``) run-queue waits per step, from each rank's
     ``ThreadClock.per_step``; None when no rank has one."""
@@ -390,31 +327,6 @@ def loop_marks(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps
 
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     return step_starts(net, opt, batch, loss_fn, range(warmup + steps + 1))
-
-
-def host_speed_round(
-    net: Any, batch: Any, loss_fn: Any, *, rank: int, world: int, steps: int, warmup: int = 1
-) -> dict[str, list[float]]:
-    """One reading of the host's speed inside a run of ``world`` ranks sharing a host: each rank in
-    turn runs ``steps`` steps of the plain loop on ``net`` (its own copy of the model, no
-    communication) while the others wait at a barrier, then every rank runs them at once. Returns this
-    rank's step starts (``time.perf_counter``, s; warm-up steps dropped): ``alone`` and ``together``.
-    The ratio of the two is the co-run factor of this minute; ``alone`` against the same loop timed
-    when the model was profiled says how far the host's speed has drifted since."""
-    import torch.distributed as dist
-
-    out: dict[str, list[float]] = {}
-    for r in range(world):
-        dist.barrier()
-        if r == rank:
-            out["alone"] = loop_marks(net, batch, loss_fn, 0.01, warmup, steps)[warmup:]
-    dist.barrier()
-    out["together"] = loop_marks(net, batch, loss_fn, 0.01, warmup, steps)[warmup:]
-    return out
-
-
-HOST_STEPS = 6
-"""plain-loop steps per phase of a host-speed reading (``host_rounds``)"""
 
 
 def segments(steps: int, warmup: int, rounds: int) -> list[tuple[int, int]]:

@@ -1,62 +1,102 @@
-"""``trainsim validate ooo-dp``: reverse-first-k data parallelism, predicted and measured on shaped links.
+"""``trainsim validate ooo-dp``: reverse-first-k data parallelism, predicted before it is measured.
 
+    $ trainsim validate calibrate                  # once per machine (``validate.machine``)
     $ trainsim validate ooo-dp --quick
-    $ trainsim validate ooo-dp --model transformer --blocks 4 --rate 1000 --k 3 --json
+    $ trainsim validate ooo-dp --seed 7 --passes 3 --json --out ooo.json
 
-Per configuration ``(model, link rate, added latency)``:
+The protocol of ``trainsim.validate.protocol``, per configuration ``(model, link rate, latency, k)``:
 
-1. **profile** one process alone: per-layer F/B/W/update times (``trainsim.capture.layerprofile``);
-2. **emulate the network**: 2 namespaces, veth links shaped with tc (``trainsim.validate.netns``);
-   **calibrate** gloo's all-reduce on them (``trainsim.cluster.calibrate``);
-3. **predict** the step time of k = 0 (DDP order, one bucket per layer) and of ``k`` (given, or the
-   simulator's best: ``trainsim.transform.ooo.search_k``);
-4. **measure** both with ``trainsim.run.ooo_dp`` (one gloo process per namespace; time per step over
-   the measured window, ``trainsim.run.ranks.window_step_ms``), and
-   torch's own DDP as a reference line;
-5. print predictions, measurements, errors and the speed-up. Without namespaces it says so and runs on
-   unshaped loopback.
+1. **profile** the model in one process, as a user would (``trainsim ooo profile``:
+   ``capture.layerprofile.profile_layers``), before any real run;
+2. **predict** k = 0 (DDP order, one bucket per layer) and k (given, drawn, or the simulator's best,
+   ``transform.ooo.search_k``) with ``transform.ooo.predict_dp`` from that profile and the machine
+   calibration only (``validate.machine``; ``predict_case``): every all-reduce costs
+   ``MachineCalibration.allreduce_us`` at the link's rate and latency, its host work
+   (``MachineCalibration.host_us``) is taken from the rank's computation while they overlap, and the
+   computation of the two ranks that share this host runs ``MachineCalibration.slowdown(2)`` slower;
+3. **freeze** every prediction in the result file (``predictions_frozen_at``);
+4. **measure** with ``trainsim.run.ooo_dp`` (one gloo process per network namespace, the link shaped
+   with tc: ``validate.netns``; unshaped loopback, predicted as such, where namespaces are unavailable),
+   every configuration once per pass, interleaved, ``--passes`` passes. The slowest rank's step median
+   and minimum go to each pass's ``diagnostics``, never into a prediction.
+
+Besides the fixed configurations every invocation draws some from a seed it prints and stores
+(``draw_cases``; ``--seed`` repeats a draw): model family, width and depth, link rate and latency, k.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import statistics
+import math
+import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import free_port, free_ports
 from trainsim.validate import progress_log
 
 if TYPE_CHECKING:
-    from trainsim.transform.ooo import HostTerms
+    from trainsim.capture.layerprofile import LayerProfile
+    from trainsim.validate.machine import MachineCalibration
+
+RATE_RANGE_MBIT = (100.0, 1000.0)
+"""drawn link rates (Mbit/s), log-uniform: the range the shaped veth links are used in"""
+DELAYS_MS = (0.0, 0.0, 0.5, 1.0, 2.0)
+"""drawn one-way latencies (ms): half the draws without added latency"""
+MLP_WIDTHS = (512, 768, 1024, 1536)
+MLP_DEPTHS = (3, 4, 5, 6)
+TRANSFORMER_BLOCKS = (2, 3, 4, 5, 6)
+RANKS = 2
+"""ranks of every run (one namespace each, all on this host)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OooCase:
-    """One link and model; both k = 0 and the chosen k run on it."""
+    """One model and link; both k = 0 and the case's k run on it."""
 
     model: str = "transformer"
     blocks: int = 4
     """transformer blocks / mlp depth"""
+    width: int = 0
+    """mlp hidden width (0: the zoo's default)"""
     batch_size: int = 32
     rate_mbit: float | None = 1000.0
+    """None: unshaped"""
     delay_ms: float = 0.0
+    """added one-way latency"""
     k: int | None = None
     """None: the simulator's best k"""
+    drawn: bool = False
+    """drawn from the seed (a held-out configuration)"""
+
+    def __post_init__(self) -> None:
+        if self.model not in ("mlp", "cnn", "transformer"):
+            raise UserError(f"validate ooo-dp: model {self.model!r}; expected mlp, cnn or transformer")
+        if self.blocks < 1 or self.width < 0 or self.batch_size < 1 or self.delay_ms < 0:
+            raise UserError(f"validate ooo-dp: {self}; expected blocks >= 1, width >= 0, batch_size >= 1, delay >= 0")
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise UserError(f"validate ooo-dp: rate {self.rate_mbit} Mbit/s; expected > 0")
 
     def zoo(self) -> dict[str, int]:
-        return (
-            {"blocks": self.blocks}
-            if self.model == "transformer"
-            else ({"depth": self.blocks} if self.model == "mlp" else {})
-        )
+        """The ``ZooSpec`` fields of the model (besides the batch size)."""
+        if self.model == "transformer":
+            return {"blocks": self.blocks}
+        if self.model == "mlp":
+            return {"depth": self.blocks, **({"width": self.width} if self.width else {})}
+        return {}
+
+    def model_label(self) -> str:
+        if self.model == "transformer":
+            return f"transformer x{self.blocks}"
+        if self.model == "mlp":
+            return f"mlp {self.blocks}x{self.width or 1024}"
+        return self.model
 
 
 QUICK = (OooCase(model="transformer", blocks=4, rate_mbit=1000.0),)
@@ -71,406 +111,306 @@ def link_label(rate: float | None, delay: float) -> str:
     return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
 
 
-@contextlib.contextmanager
-def emulated_link(
-    rate_mbit: float | None, delay_ms: float, notes: list[str]
-) -> Iterator[tuple[Any, Any, str]]:
-    """``(net or None, popen, master address)``: two shaped namespaces, or loopback with a note."""
-    from trainsim.run.ranks import local_popen
-    from trainsim.validate.netns import Netns, netns_unavailable
+def draw_cases(seed: int, quick: bool) -> list[OooCase]:
+    """Held-out cases drawn from ``seed`` (the same seed, the same cases): one (``quick``) or three, each
+    a zoo model of a drawn family, width and depth, a drawn link and a drawn k in 1..layers."""
+    from trainsim.run.ooo_dp import zoo_layer_count
 
-    reason = netns_unavailable()
-    if reason is not None:
-        notes.append(f"network namespaces unavailable ({reason}); ran on unshaped loopback")
-        yield None, local_popen, "127.0.0.1"
-        return
-    with Netns(2, rate_mbit=rate_mbit, delay_ms=delay_ms) as net:
-
-        def popen(rank: int, argv: list[str], **kw: Any) -> Any:
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=net.ifname, OMP_NUM_THREADS="1")
-            return net.popen(rank, argv, env=env, **kw)
-
-        yield net, popen, net.addr(0)
-
-
-def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    errs = [abs(r["error_pct"]) for r in runs]
-    return {
-        "runs": runs,
-        "mean_abs_error_pct": round(sum(errs) / len(errs), 2) if errs else None,
-        "max_abs_error_pct": round(max(errs), 2) if errs else None,
-    }
-
-
-def _row(config: dict[str, Any], pred: float, meas: float, extra: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "config": config,
-        "predicted_ms": round(pred, 3),
-        "measured_ms": round(meas, 3),
-        "error_pct": round(100 * (pred - meas) / meas, 2),
-        **extra,
-    }
-
-
-CORUN_START_S = 8.0
-"""the copies in ``side_by_side_terms`` start their loops this long after launch (all have set up and
-warmed up every order by then)"""
-
-
-def alt_steps(res: dict[str, Any]) -> dict[int, list[tuple[float, float]]]:
-    """Per order, the (start, end) of its counted steps in a ``DpRunConfig.alternate`` run."""
-    return {int(k): [(float(a), float(b)) for a, b in v] for k, v in res["ranks"][0]["alt"].items()}
-
-
-def overlapping_alt(copies: list[dict[int, list[tuple[float, float]]]], min_steps: int = 5) -> dict[int, list[list[float]]]:
-    """Per order, per copy, the step times (ms) of the steps that ran while every copy ran its loop
-    (as ``validate.dp.overlapping_steps``: the copies come up a second apart); a copy with fewer than
-    ``min_steps`` of an order's steps inside that window keeps all of them."""
-    lo = max(min(a for v in c.values() for a, _ in v) for c in copies)
-    hi = min(max(b for v in c.values() for _, b in v) for c in copies)
-    out: dict[int, list[list[float]]] = {}
-    for k in copies[0]:
-        out[k] = []
-        for c in copies:
-            every = [(b - a) * 1e3 for a, b in c[k]]
-            inside = [(b - a) * 1e3 for a, b in c[k] if a >= lo and b <= hi]
-            out[k].append(inside if len(inside) >= min_steps else every)
+    rng = random.Random(seed)
+    lo, hi = (math.log(x) for x in RATE_RANGE_MBIT)
+    out = []
+    for _ in range(1 if quick else 3):
+        model = rng.choice(("mlp", "transformer"))
+        if model == "mlp":
+            case = OooCase(model="mlp", blocks=rng.choice(MLP_DEPTHS), width=rng.choice(MLP_WIDTHS))
+        else:
+            case = OooCase(model="transformer", blocks=rng.choice(TRANSFORMER_BLOCKS))
+        rate = round(math.exp(rng.uniform(lo, hi)), -1)
+        delay = rng.choice(DELAYS_MS)
+        n = zoo_layer_count(case.model, case.batch_size, case.zoo())
+        out.append(OooCase(model=case.model, blocks=case.blocks, width=case.width, rate_mbit=rate, delay_ms=delay,
+                           k=rng.randint(1, n), drawn=True))  # fmt: skip
     return out
 
 
-def side_by_side_terms(
-    case: OooCase, prof: Any, ks: tuple[int, ...], steps: int, warmup: int, copies: int = 2
-) -> dict[int, HostTerms]:
-    """``HostTerms`` of each order in ``ks`` on this host, from the real runtime in one-rank groups (no
-    communication), the orders side by side in each process (``run.ooo_dp.alternate_orders``): one
-    process alone, ``copies`` at once (as the ranks share this host; their loops start together,
-    ``start_at``, and only the steps that ran while every copy ran count), one alone again. The
-    co-run factor is together / alone, the median over the orders (the host's and the model's, not
-    the order's); each order's ``extra_us`` is what the runtime alone spends beyond the per-layer
-    profile's prediction of the same loop (``predict_dp`` without communication), at co-run speed,
-    plus the expected wait for the slowest rank (``validate.dp.straggler_ms``) from the co-run
-    copies. Read one order at a time, runs a minute apart, two orders' terms differed by more than
-    the orders do (see ``alternate_orders``)."""
-    from concurrent.futures import ThreadPoolExecutor
+# --------------------------------------------------------------------------- prediction
+def profile_case(case: OooCase) -> LayerProfile:
+    """The one-process per-layer profile a user would take (``trainsim ooo profile``)."""
+    from trainsim.capture.layerprofile import profile_layers
 
-    from trainsim.run.ooo_dp import DpRunConfig, run_dp
-    from trainsim.transform.ooo import HostTerms, predict_dp
-    from trainsim.validate.dp import straggler_ms
-
-    cfg = DpRunConfig(mode="ooo", world_size=1, alternate=tuple(sorted(set(ks))), model=case.model,
-                      batch_size=case.batch_size, steps=steps, warmup=warmup, **_zoo_fields(case))  # fmt: skip
-
-    def alone() -> dict[int, list[tuple[float, float]]]:
-        return alt_steps(run_dp(cfg, port=free_port()))
-
-    before = alone()
-    together = replace(cfg, start_at=time.time() + CORUN_START_S)
-    with ThreadPoolExecutor(copies) as pool:
-        futures = [pool.submit(run_dp, together, port=p) for p in free_ports(copies)]
-        both = overlapping_alt([alt_steps(f.result()) for f in futures])
-    after = alone()
-    alone_ms = {k: statistics.median([(b - a) * 1e3 for a, b in before[k] + after[k]]) for k in before}
-    factors = [max(1.0, statistics.median([x for c in both[k] for x in c]) / alone_ms[k]) for k in before]
-    factor = statistics.median(factors)
-    terms = {}
-    for k in before:
-        model_ms = predict_dp(prof, case.batch_size, k, lambda size: 0.0)
-        extra_ms = max(0.0, alone_ms[k] - model_ms) * factor + straggler_ms(both[k])
-        terms[k] = HostTerms(factor=factor, extra_us=1e3 * extra_ms)
-    return terms
+    return profile_layers(case.model, batch_sizes=(case.batch_size,), reps=20, zoo=case.zoo())
 
 
-HOST_ROUNDS = 2
-"""readings of the host's speed per measured run (``DpRunConfig.host_rounds``)"""
+def predict_case(case: OooCase, prof: LayerProfile, mc: MachineCalibration) -> list[dict[str, Any]]:
+    """The frozen rows of ``case``: k = 0 and the case's k (the simulator's best when None; one row when
+    that is 0), each ``{"k", "predicted_ms"}`` plus the model's terms. Reads nothing but the profile,
+    the machine calibration and the case (module docstring, step 2)."""
+    from trainsim.transform.ooo import HostTerms, predict_dp, search_k
 
-PROBE_S = 1.5
-"""seconds of all-reduces per size in the load probe"""
+    def comm(size: float) -> float:
+        return mc.allreduce_us(size, world=RANKS, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms)
+
+    host = HostTerms(factor=mc.slowdown(RANKS))
+    bs = case.batch_size
+    if case.k is None:
+        k, _ = search_k(prof, bs, comm, mc.host_us, None, host)
+    else:
+        from trainsim.run.ooo_dp import check_k
+
+        check_k(case.k, len(prof.table(bs)), case.model)
+        k = case.k
+    terms = {"corun_slowdown": round(host.factor, 4), "host_a_us": mc.host_a_us, "link_efficiency": mc.link_efficiency}
+    return [
+        {"k": kk, "predicted_ms": round(predict_dp(prof, bs, kk, comm, cpu_us=mc.host_us, host=host), 3),
+         "k_chosen_by": "given" if case.k is not None else "search", "model_terms": terms}
+        for kk in sorted({0, k})
+    ]  # fmt: skip
 
 
-def load_terms(
-    case: OooCase, sizes: list[int], cal: Any, popen: Any, master: str, steps: int, warmup: int
-) -> tuple[Callable[[float], float], Callable[[float], float], dict[str, Any]]:
-    """``(cpu_us, slowdown, raw)`` per all-reduce size, measured with the ranks training
-    (``trainsim.run.ooo_dp.load_probe``, mode ``load``, on the case's link): the training lost per
-    all-reduce, and the all-reduce time under load over the calibrated idle time (>= 1). Between the
-    probed sizes (the model's layers) linear in log size, constant beyond them."""
-    import math
-
-    import numpy as np
-
-    from trainsim.run.ooo_dp import DpRunConfig, run_dp
-
-    reps = [max(3, min(200, math.ceil(PROBE_S * 1e6 / max(cal.predict_us(s), 1.0)))) for s in sizes]
-    res = run_dp(
-        DpRunConfig(mode="load", model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup,
-                    probe_sizes=tuple(sizes), probe_reps=tuple(reps), **_zoo_fields(case)),
-        popen=popen, master=master, port=free_port(),
-    )  # fmt: skip
-    x = np.log(np.asarray(sizes, float))
-    lost = np.asarray(res["lost_us"], float)
-    sigma = np.maximum(
-        1.0, np.asarray(res["allreduce_us"], float) / np.array([cal.predict_us(s) for s in sizes])
-    )
-
-    def cpu_us(size: float) -> float:
-        return float(np.interp(math.log(max(size, 1.0)), x, lost))
-
-    def slowdown(size: float) -> float:
-        return float(np.interp(math.log(max(size, 1.0)), x, sigma))
-
-    raw = {"sizes": sizes, "allreduce_us": [round(v, 1) for v in res["allreduce_us"]],
-           "idle_model_us": [round(cal.predict_us(s), 1) for s in sizes],
-           "lost_us": [round(v, 1) for v in res["lost_us"]]}  # fmt: skip
-    return cpu_us, slowdown, raw
+# --------------------------------------------------------------------------- the harness
+Runner = Callable[[dict[str, Any], int], "float | tuple[float, dict[str, Any]]"]
+"""``runner(config, pass_index)``: run one frozen configuration for real; its step (ms), or
+``(step_ms, diagnostics)``."""
+Profiler = Callable[[OooCase], "LayerProfile"]
 
 
 def run_ooo_validation(
-    cases: tuple[OooCase, ...] | list[OooCase],
+    cases: list[OooCase] | tuple[OooCase, ...],
+    out: Path,
     *,
+    seed: int,
+    mc: MachineCalibration,
+    calibration: dict[str, Any] | None = None,
+    passes: int = 3,
     steps: int = 12,
     warmup: int = 3,
+    runner: Runner | None = None,
+    profiler: Profiler = profile_case,
+    shaped: bool | None = None,
     log: Callable[[str], None] = lambda s: None,
-    passes: int = 1,
+    meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Profile, calibrate, predict and measure each case: DDP order and reverse first-k with the
-    ``trainsim.run.ooo_dp`` runtime, torch DDP beside them; ``passes``: every run once per pass, the
-    medians over the passes reported (the speed-ups: the median of each pass's ratio)."""
-    from trainsim.cluster.calibrate import calibrate
-    from trainsim.run.ooo_dp import DpRunConfig, check_k, run_dp
-    from trainsim.transform.ooo import interpolated_terms, search_k
-    from trainsim.validate.pipeline import host_reading, profile_with_reference
+    """Profile and predict every case (frozen in ``out`` before the first real run), then run them
+    ``passes`` times, interleaved; return the finished document. ``runner``/``profiler``: stand-ins
+    for tests (default: real runs on an emulated link, ``profile_case``). ``shaped``: whether the
+    links can be shaped (default: whether network namespaces work here); when not, every case is
+    predicted and run on unshaped loopback, with a note."""
+    from trainsim.validate.protocol import ResultFile, interleave, now_iso, write_json
 
     if passes < 1:
         raise UserError(f"validate ooo-dp: passes={passes}; expected >= 1")
     notes: list[str] = []
-    runs: list[dict[str, Any]] = []
-    speedups: list[dict[str, Any]] = []
+    if shaped is None:
+        from trainsim.validate.netns import netns_unavailable
+
+        reason = netns_unavailable()
+        shaped = reason is None
+        if reason is not None:
+            notes.append(f"network namespaces unavailable ({reason}): every case predicted and run on unshaped loopback")
+    meta = dict(meta or {})
+    res = ResultFile(out, command=meta.pop("command", "run_ooo_validation"), seed=seed, calibration=calibration,
+                     passes=passes, steps=steps, warmup=warmup, notes=notes, **meta)  # fmt: skip
+    rows: list[dict[str, Any]] = []
     for case in cases:
-        # the plain loop's speed at the time of the profile: timed in step with the profile's own steps
-        # (``validate.pipeline.profile_with_reference``), as ``validate pipeline`` does; until 2026-11-27
-        # the fastest of three readings, before the profile, after it and after the link's calibration
-        log(f"profiling {case.model} (one process, one thread), the plain loop timed in step with it")
-        prof, ref_steps = profile_with_reference(case.model, case.blocks, (case.batch_size,), reps=20, zoo=case.zoo())
-        alone_ref = statistics.median(ref_steps[case.batch_size])
-        log(f"  the plain loop alone, at profile time: {alone_ref:.1f} ms (median of {len(ref_steps[case.batch_size])} "
-            f"steps, {min(ref_steps[case.batch_size]):.1f}-{max(ref_steps[case.batch_size]):.1f})")  # fmt: skip
-        rows = prof.table(case.batch_size)
-        if case.k is not None:
-            check_k(case.k, len(rows), case.model)
-        sizes = sorted({int(r["param_bytes"]) for r in rows if r["param_bytes"] > 0} | {1024})
-        with emulated_link(case.rate_mbit, case.delay_ms, notes) as (net, popen, master):
-            log(f"calibrating gloo all-reduce on {link_label(case.rate_mbit, case.delay_ms)}")
-            cal = calibrate(
-                world=2, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms, sizes=sizes, reps=5, net=net
-            )
-            psizes = sorted({int(r["param_bytes"]) for r in rows if r["param_bytes"] > 0})
-            log(f"timing all-reduces of {len(psizes)} sizes while both ranks train (load probe)")
-            cpu_us, slowdown, probe = load_terms(case, psizes, cal, popen, master, steps=8, warmup=2)
-            log("  all-reduce under load / idle model: " + ", ".join(
-                f"{s / 1e3:.0f} KB {t / 1e3:.1f}/{i / 1e3:.1f} ms (training lost {c / 1e3:.1f} ms)"
-                for s, t, i, c in zip(probe["sizes"], probe["allreduce_us"], probe["idle_model_us"], probe["lost_us"],
-                                      strict=True)))  # fmt: skip
-            n = len(rows)
-            terms: dict[int, HostTerms] = {}
-            if case.k is None:  # the search: host terms at k = 0 and k = n side by side, linear between
-                log(f"timing the runtime in one-rank groups, k = 0 and {n} side by side (alone, then two at once)")
-                terms = side_by_side_terms(case, prof, (0, n), steps, warmup)
-                k, _ = search_k(prof, case.batch_size, cal.predict_us, cpu_us, slowdown,
-                                host=interpolated_terms(terms[0], terms[n], n))  # fmt: skip
-            else:
-                k = case.k
-            if k not in terms:  # the chosen order beside the DDP order
-                log(f"timing the runtime in one-rank groups, k = 0 and {k} side by side (alone, then two at once)")
-                terms = side_by_side_terms(case, prof, (0, k), steps, warmup)
-            base = dict(model=case.model, batch_size=case.batch_size, steps=steps, warmup=warmup, host_rounds=HOST_ROUNDS)
-            orders = (("ddp-order", 0), ("reverse-first-k", k))
-            link = (cal.predict_us, cpu_us, slowdown)
+        if not shaped:
+            case = OooCase(**{**asdict(case), "rate_mbit": None, "delay_ms": 0.0})
+        log(f"profiling {case.model_label()} (one process, one thread, batch {case.batch_size})")
+        prof = profiler(case)
+        for pred in predict_case(case, prof, mc):
+            cfg = {"model": case.model, "blocks": case.blocks, "width": case.width, "batch_size": case.batch_size,
+                   "rate_mbit": case.rate_mbit, "delay_ms": case.delay_ms, "k": pred["k"],
+                   "mode": "ddp-order" if pred["k"] == 0 else "reverse-first-k"}  # fmt: skip
+            label = (f"{case.model_label()} {link_label(case.rate_mbit, case.delay_ms)} k={pred['k']}"
+                     + (" *" if case.drawn else ""))  # fmt: skip
+            rows.append({"label": label, "config": cfg, "held_out": case.drawn, **pred, "predicted_at": now_iso()})
+            log(f"  {label}: predicted {pred['predicted_ms']:.2f} ms")
+    res.freeze(rows)  # every prediction is on disk before the first real run
+    log(f"predictions frozen in {out}")
+    with contextlib.ExitStack() as stack:
+        if runner is None:
+            runner = stack.enter_context(real_runner(steps=steps, warmup=warmup, shaped=shaped))
 
-            # the host terms read before the runs chose k; the prediction from them alone is reported
-            preds = {label: _predict(prof, case.batch_size, kk, link, terms[kk]) for label, kk in orders}
-            # both orders and torch DDP once per pass, the passes one after the other: a burst of load
-            # on the shared host disturbs one pass, and the medians over the passes drop it; the
-            # speed-up is the median of each pass's side-by-side ratio. Each run also reads the host's
-            # speed between its segments of measured steps (as ``validate dp`` and ``validate pipeline``
-            # do), and the prediction of each pass comes from the readings of its three runs, pooled:
-            # the profile scaled by the plain loop alone now over the same loop timed after profiling,
-            # the co-run factor together / alone, the runtime's extra work per order as read before.
-            # Until 2026-11-24 22:50 the terms read before the runs were the prediction and this one
-            # was reported beside it (it did better only where the host slowed during the passes), while
-            # the extra work sat in one task after the last all-reduce's issue, where the transfers
-            # still in flight hid it; spread over the step (``transform.ooo.dp_graph``), the readings
-            # in the runs gave 2.1 % / 7.4 % against 6.2 % / 10.2 % from the terms read before (22:45).
-            got: dict[str, list[dict[str, Any]]] = {"ddp-order": [], "reverse-first-k": [], "ddp": []}
-            per_pass: dict[str, list[float]] = {"ddp-order": [], "reverse-first-k": []}
-            readings: list[dict[str, float]] = []
-            for i in range(passes):
-                tag = f" (pass {i + 1}/{passes})" if passes > 1 else ""
-                for label, kk in (*orders, ("ddp", 0)):
-                    if label == "ddp":
-                        log(f"running torch DDP{tag} (reference, not predicted)")
-                        run_cfg = DpRunConfig(mode="ddp", **_zoo_fields(case), **base)  # type: ignore[arg-type]
-                    else:
-                        log(f"running {case.model} k={kk} ({label}){tag}, predicted before the runs {preds[label]:.1f} ms")
-                        run_cfg = DpRunConfig(mode="ooo", k=kk, **_zoo_fields(case), **base)  # type: ignore[arg-type]
-                    res = run_dp(run_cfg, popen=popen, master=master, port=free_port())
-                    got[label].append(res)
-                    log(f"  measured {res['step_ms']:.1f} ms")
-                alone, together = host_reading([got[label][-1]["ranks"] for label in got])
-                speed, factor = alone / alone_ref, max(1.0, together / alone)
-                readings.append({"host_speed": round(speed, 4), "corun_factor": round(factor, 4)})
-                for label, kk in orders:
-                    per_pass[label].append(_predict(prof, case.batch_size, kk, link, replace(terms[kk], factor=factor), speed))
-                log(f"  the loop alone x{speed:.3f} of its speed at profile time, co-run factor {factor:.3f}; "
-                    "predicted from these: "
-                    + ", ".join(f"{label} {per_pass[label][-1]:.1f} ms" for label, _ in orders))  # fmt: skip
-            measured = {label: statistics.median(r["step_ms"] for r in rs) for label, rs in got.items()}
-            for label, kk in orders:
-                rs = got[label]
-                cfg = {
-                    "model": case.model,
-                    "rate_mbit": case.rate_mbit,
-                    "delay_ms": case.delay_ms,
-                    "k": kk,
-                    "mode": label,
-                    "batch_size": case.batch_size,
-                }
-                runs.append(
-                    _row(
-                        cfg,
-                        statistics.median(per_pass[label]),
-                        measured[label],
-                        {
-                            "predicted_before_runs_ms": round(preds[label], 3),
-                            "passes_predicted_ms": [round(v, 3) for v in per_pass[label]],
-                            "passes_host_reading": readings,
-                            "profile_time_loop_ms": round(alone_ref, 3),
-                            "profile_time_loop_steps_ms": [round(r, 3) for r in ref_steps[case.batch_size]],
-                            "host_factor": round(terms[kk].factor, 3),
-                            "host_extra_ms": round(terms[kk].extra_us / 1e3, 3),
-                            "measured_median_ms": round(statistics.median(r["step_median_ms"] for r in rs), 3),
-                            "measured_min_ms": round(min(r["step_min_ms"] for r in rs), 3),
-                            "passes_ms": [round(r["step_ms"], 3) for r in rs],
-                            "calibrated_a_us": round(cal.a_us, 1),
-                            "calibrated_b_us_per_byte": cal.b_us_per_byte,
-                            "load_probe": probe,
-                        },
-                    )
-                )
-            ratios = [a["step_ms"] / b["step_ms"] for a, b in zip(got["ddp-order"], got["reverse-first-k"], strict=True)]
-            vs_ddp = [a["step_ms"] / b["step_ms"] for a, b in zip(got["ddp"], got["reverse-first-k"], strict=True)]
-            speedups.append(
-                {
-                    "model": case.model,
-                    "rate_mbit": case.rate_mbit,
-                    "delay_ms": case.delay_ms,
-                    "k": k,
-                    "predicted_speedup": round(statistics.median(
-                        a / b for a, b in zip(per_pass["ddp-order"], per_pass["reverse-first-k"], strict=True)), 3),
-                    "predicted_speedup_before_runs": round(preds["ddp-order"] / preds["reverse-first-k"], 3),
-                    "measured_speedup": round(statistics.median(ratios), 3),
-                    "measured_speedup_vs_torch_ddp": round(statistics.median(vs_ddp), 3),
-                    "torch_ddp_ms": round(measured["ddp"], 3),
-                    "passes": passes,
-                }
-            )
-    return {**summary(runs), "speedups": speedups, "notes": notes}
+        def run_one(i: int, p: int) -> float | tuple[float, dict[str, Any]]:
+            assert runner is not None
+            return runner(res.doc["runs"][i]["config"], p)
+
+        doc = interleave(res, run_one, passes=passes, log=log)
+    doc["speedups"] = speedups(doc["runs"])
+    write_json(out, doc)
+    return doc
 
 
-def _predict(
-    prof: Any, batch_size: int, k: int, link: tuple[Any, Any, Any], host: HostTerms, speed: float = 1.0
-) -> float:
-    """``predict_dp`` of order ``k`` with ``link`` = (all-reduce time, host CPU, slowdown) per size, the
-    profile scaled by ``speed``."""
-    from trainsim.transform.ooo import predict_dp
+def speedups(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case with a reordered row: the speed-up of k over the DDP order, predicted and measured
+    (ratios of the frozen predictions and of the measured medians)."""
+    out = []
+    base = {_case_key(r): r for r in runs if r["config"]["k"] == 0}
+    for r in runs:
+        b = base.get(_case_key(r))
+        if r["config"]["k"] == 0 or b is None:
+            continue
+        meas = (b["measured_ms"] / r["measured_ms"]) if b.get("measured_ms") and r.get("measured_ms") else None
+        out.append({"label": r["label"], "k": r["config"]["k"],
+                    "predicted_speedup": round(b["predicted_ms"] / r["predicted_ms"], 3),
+                    "measured_speedup": None if meas is None else round(meas, 3)})  # fmt: skip
+    return out
 
-    comm, cpu_us, slowdown = link
-    return predict_dp(prof.scaled(speed), batch_size, k, comm, cpu_us=cpu_us, slowdown=slowdown, host=host)
+
+def _case_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    c = r["config"]
+    return (c["model"], c["blocks"], c["width"], c["batch_size"], c["rate_mbit"], c["delay_ms"], r["held_out"])
 
 
-def _zoo_fields(case: OooCase) -> dict[str, Any]:
-    return {"zoo_blocks": case.blocks} if case.model in ("transformer", "mlp") else {}
+@contextlib.contextmanager
+def emulated_links(shaped: bool) -> Iterator[Callable[[float | None, float], tuple[Any, str]]]:
+    """``link(rate_mbit, delay_ms) -> (popen, master address)``: a 2-node emulated network of that
+    rate and latency (``validate.netns``), made on first use and kept until the block ends (torn down
+    on Ctrl-C too), one per distinct link: a network reshaped in place from no latency to some kept
+    the MTU and qdisc choice of the first shape. Unshaped loopback when not ``shaped``."""
+    import os
+
+    from trainsim.run.ranks import local_popen
+
+    if not shaped:
+        yield lambda rate, delay: (local_popen, "127.0.0.1")
+        return
+    from trainsim.validate.netns import Netns
+
+    with contextlib.ExitStack() as stack:
+        nets: dict[tuple[float | None, float], Any] = {}
+
+        def link(rate: float | None, delay: float) -> tuple[Any, str]:
+            if (rate, delay) not in nets:
+                nets[(rate, delay)] = stack.enter_context(Netns(RANKS, rate_mbit=rate, delay_ms=delay))
+            net = nets[(rate, delay)]
+
+            def popen(rank: int, argv: list[str], **kw: Any) -> Any:
+                env = dict(os.environ, GLOO_SOCKET_IFNAME=net.ifname, OMP_NUM_THREADS="1")
+                return net.popen(rank, argv, env=env, **kw)
+
+            return popen, net.addr(0)
+
+        yield link
 
 
+@contextlib.contextmanager
+def real_runner(*, steps: int, warmup: int, shaped: bool) -> Iterator[Runner]:
+    """A runner of real ``run.ooo_dp`` jobs, one gloo process per namespace of an emulated network of
+    each configuration's link (``emulated_links``)."""
+    from trainsim.run.ooo_dp import DpRunConfig, run_dp
+    from trainsim.run.ranks import free_port
+
+    with emulated_links(shaped) as link:
+
+        def run(cfg: dict[str, Any], p: int) -> tuple[float, dict[str, Any]]:
+            popen, master = link(cfg["rate_mbit"], cfg["delay_ms"])
+            job = DpRunConfig(mode="ooo", k=cfg["k"], model=cfg["model"], batch_size=cfg["batch_size"], steps=steps,
+                              warmup=warmup, zoo_blocks=cfg["blocks"] if cfg["model"] != "cnn" else 0,
+                              zoo_width=cfg["width"])  # fmt: skip
+            got = run_dp(job, popen=popen, master=master, port=free_port())
+            return got["step_ms"], {"step_median_ms": round(got["step_median_ms"], 3),
+                                    "step_min_ms": round(got["step_min_ms"], 3)}  # fmt: skip
+
+        yield run
+
+
+# --------------------------------------------------------------------------- the command
 @click.command("ooo-dp")
-@click.option("--quick", is_flag=True, help="one configuration, short runs")
-@click.option("--model", type=click.Choice(["mlp", "cnn", "transformer"]), help="zoo model for a custom case")
+@click.option("--quick", is_flag=True, help="one fixed and one drawn configuration, short runs (< 3 min)")
+@click.option("--model", type=click.Choice(["mlp", "cnn", "transformer"]), help="zoo model of a custom case")
 @click.option("--blocks", type=click.IntRange(min=1), default=None,
               help="transformer blocks / mlp depth (custom case; default 4)")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="link rate, Mbit/s (custom case)")
 @click.option("--delay", type=click.FloatRange(min=0), default=None, help="added one-way latency, ms (custom case; default 0)")
-@click.option("--k", type=int, help="layers reordered (default: the simulator's best k)")
-@click.option("--steps", type=int, default=12, show_default=True)
-@click.option("--passes", type=int, default=1, show_default=True,
-              help="runs per order, all runs once per pass; the medians are reported")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--k", type=int, help="layers reordered (custom case; default: the simulator's best k)")
+@click.option("--steps", type=click.IntRange(min=1), default=12, show_default=True, help="measured steps per run")
+@click.option("--seed", type=int, default=None, help="seed of the drawn configurations (default: a fresh one, printed)")
+@click.option("--passes", type=int, default=3, show_default=True, help="runs per configuration, interleaved")
+@click.option("--calibration", "cal_file", type=click.Path(dir_okay=False), default=None,
+              help="machine calibration file (default ~/.cache/trainsim/machine.json; measured if missing)")
+@click.option("--recalibrate", is_flag=True, help="measure the machine calibration again first")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="result file (predictions written before the runs); default out/ooo-dp-<time>.json")
+@click.option("--force", is_flag=True, help="overwrite --out if it exists")
+@click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
 def ooo_dp_command(
-    quick: bool,
-    model: str | None,
-    blocks: int | None,
-    rate: float | None,
-    delay: float | None,
-    k: int | None,
-    steps: int,
-    passes: int,
+    quick: bool, model: str | None, blocks: int | None, rate: float | None, delay: float | None, k: int | None,
+    steps: int, seed: int | None, passes: int, cal_file: str | None, recalibrate: bool, out: str | None, force: bool,
     as_json: bool,
-) -> None:
-    """Predict and measure reverse-first-k data parallelism against the DDP order on shaped links."""
+) -> None:  # fmt: skip
+    """Predict reverse-first-k data parallelism and the DDP order from a profile and the machine
+    calibration, freeze the predictions, then measure them on shaped links."""
     from rich.console import Console
-    from rich.table import Table
 
-    if steps < 1:
-        raise UserError(f"validate ooo-dp: --steps {steps}; expected >= 1")
+    from trainsim.validate.machine import load_machine
+    from trainsim.validate.protocol import check_result_path, draw_seed
+
     if passes < 1:
         raise UserError(f"validate ooo-dp: --passes {passes}; expected >= 1")
     if k is not None and k < 0:
         raise UserError(f"validate ooo-dp: --k {k}; expected >= 0")
-    if model or any(v is not None for v in (rate, k, blocks, delay)):
-        cases: tuple[OooCase, ...] = (
-            OooCase(
-                model=model or "transformer", blocks=4 if blocks is None else blocks,
-                rate_mbit=1000.0 if rate is None else rate, delay_ms=delay or 0.0, k=k,
-            ),
-        )
+    custom = bool(model) or any(v is not None for v in (rate, k, blocks, delay))
+    if custom:
+        fixed: tuple[OooCase, ...] = (OooCase(model=model or "transformer", blocks=4 if blocks is None else blocks,
+                                              rate_mbit=1000.0 if rate is None else rate, delay_ms=delay or 0.0, k=k),)  # fmt: skip
     else:
-        cases = QUICK if quick else FULL
-    if any(c.k is not None for c in cases):  # bad k: refuse before anything starts
-        from trainsim.run.ooo_dp import check_k, zoo_layer_count
+        fixed = QUICK if quick else FULL
+    for c in fixed:  # a bad k: refused before anything starts
+        if c.k is not None:
+            from trainsim.run.ooo_dp import check_k, zoo_layer_count
 
-        for c in cases:
-            if c.k is not None:
-                check_k(c.k, zoo_layer_count(c.model, c.batch_size, c.zoo()), c.model)
+            check_k(c.k, zoo_layer_count(c.model, c.batch_size, c.zoo()), c.model)
+    seed = draw_seed(seed)
+    path = check_result_path(out, force, f"ooo-dp-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     err = Console(stderr=True)
-    out = run_ooo_validation(
-        cases,
-        steps=6 if quick else steps,
-        warmup=2 if quick else 3,
-        passes=passes,
-        log=progress_log(err),
-    )
+    log = progress_log(err)
+    mc, cal_path = load_machine(Path(cal_file) if cal_file else None, recalibrate=recalibrate, log=log)
+    cases = [*fixed, *draw_cases(seed, quick)]
+    log(f"seed {seed} (repeat this draw with --seed {seed}); {len(cases)} cases; results -> {path}")
+    opts = "".join(f" --{n} {v}" for n, v in (("model", model), ("blocks", blocks), ("rate", rate), ("delay", delay),
+                                                ("k", k)) if v is not None)  # fmt: skip
+    command = f"trainsim validate ooo-dp{' --quick' if quick else ''}{opts} --seed {seed} --passes {passes}"
+    steps_, warmup = (6, 2) if quick else (steps, 3)
+    from trainsim.validate.whatif import machine
+
+    try:
+        doc = run_ooo_validation(cases, path, seed=seed, mc=mc, calibration=mc.describe(cal_path), passes=passes,
+                                 steps=steps_, warmup=warmup, log=log,
+                                 meta={"command": command, "quick": quick, "machine": machine()})  # fmt: skip
+    except KeyboardInterrupt:
+        raise UserError(f"validate ooo-dp: interrupted; what was measured is in {path}, marked partial") from None
     if as_json:
-        click.echo(json.dumps(out))
+        click.echo(json.dumps(doc))
         return
-    for n in out["notes"]:
+    for n in doc["notes"]:
         err.print(f"[yellow]note:[/] {n}")
-    table = Table(title="validate ooo-dp: predicted vs measured step time")
-    for col in ("model", "link", "order", "k", "predicted ms", "measured ms", "error"):
-        table.add_column(col)
-    for r in out["runs"]:
-        c = r["config"]
-        table.add_row(
-            c["model"],
-            link_label(c["rate_mbit"], c["delay_ms"]),
-            c["mode"],
-            str(c["k"]),
-            f"{r['predicted_ms']:.1f}",
-            f"{r['measured_ms']:.1f}",
-            f"{r['error_pct']:+.1f}%",
-        )
-    Console().print(table)
-    for s in out["speedups"]:
-        click.echo(
-            f"{s['model']} {link_label(s['rate_mbit'], s['delay_ms'])} k={s['k']}: speed-up over DDP order "
-            f"predicted {s['predicted_speedup']}x, measured {s['measured_speedup']}x "
-            f"(vs torch DDP {s['measured_speedup_vs_torch_ddp']}x)"
-        )
-    click.echo(f"mean |error| {out['mean_abs_error_pct']}%, max |error| {out['max_abs_error_pct']}%")
+    print_table(doc, f"validate ooo-dp (seed {seed}; * drawn at random)")
+    for s in doc["speedups"]:
+        click.echo(f"{s['label']}: speed-up over the DDP order predicted {s['predicted_speedup']}x, "
+                   f"measured {s['measured_speedup']}x")  # fmt: skip
+    click.echo(headline(doc) + f"; written to {path}")
+
+
+def print_table(doc: dict[str, Any], title: str) -> None:
+    """The runs of a result document as a table on stdout (shared with ``validate pipeline``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for h in ("configuration", "predicted ms", "measured ms", "spread %", "error %", "within"):
+        t.add_column(h, justify="left" if h == "configuration" else "right")
+    for r in doc["runs"]:
+        meas = r.get("measured_ms")
+        t.add_row(r["label"], f"{r['predicted_ms']:.2f}", "-" if meas is None else f"{meas:.2f}",
+                  "-" if meas is None else f"{r['spread_pct']:.1f}", "-" if meas is None else f"{r['error_pct']:+.1f}",
+                  str(r["within"] or "no"))  # fmt: skip
+    Console().print(t)
+
+
+def headline(doc: dict[str, Any]) -> str:
+    """One line of the figures the protocol reports (``protocol.summary``)."""
+    rk = doc["ranking"]
+    return (f"mean |error| {doc['mean_abs_error_pct']} %, max {doc['max_abs_error_pct']} %; within 10 %: "
+            f"{doc['within_10pct']}, within their spread: {doc['within_spread']}, outside both: {doc['outside']} "
+            f"of {doc['measured']}; ranking right on {rk['pairs_checked'] - len(rk['misranked'])} of "
+            f"{rk['pairs_checked']} pairs whose measured gap exceeds both spreads")  # fmt: skip
