@@ -15,6 +15,7 @@ import contextlib
 import gc
 import gzip
 import math
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "cpu_insta
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver", "mtia_runtime"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
 _ID_TYPES = (int, str, float, type(None))
+STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
+"""the annotation ``torch.profiler`` puts around each step; group 1 is the step number"""
 MAX_DUR_US = 7 * 24 * 3600 * 1e6  # a week: anything longer in one event is not a real duration
 
 

@@ -66,7 +66,7 @@ def calibrate(
     lo, hi = _parse_bytes(min_bytes), _parse_bytes(max_bytes)
     if not 0 < lo <= hi:
         raise UserError(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}; expected 0 < min <= max")
-    from trainsim.cli.core import check_new_file
+    from trainsim.cli.options import check_new_file
 
     check_new_file(out, force, "--out")
     with Console(stderr=True).status("measuring all-reduce times ..."):

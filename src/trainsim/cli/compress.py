@@ -183,7 +183,7 @@ def secopa(
     options = _options(option_pairs)
     make_codec(algorithm, **options)  # bad names/options fail before calibrating
     grads = _gradients(model, sidecar, input_file)
-    from trainsim.cli.core import check_new_file
+    from trainsim.cli.options import check_new_file
 
     check_new_file(out, force, "--out")
     sizes = [1 << 10, 1 << 14, 1 << 18] if quick else [1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20, 1 << 22]

@@ -18,17 +18,8 @@ from typing import Any
 
 import click
 
+from trainsim.cli.options import FORCE_OPT, JSON_OPT, check_new_file
 from trainsim.errors import UserError
-
-JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-FORCE_OPT = click.option("--force", is_flag=True, help="Overwrite an existing output file.")
-
-
-def check_new_file(path: str | None, force: bool, option: str) -> None:
-    """Refuse, before any work, to write over a file that exists unless ``--force``: a command never
-    replaces something of the user's (a trace, an edited plan, a calibration) by surprise."""
-    if path and Path(path).exists() and not force:
-        raise UserError(f"{option} {path!r} exists; pass --force to overwrite it or choose another path")
 
 
 def _console() -> Any:

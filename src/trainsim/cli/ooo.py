@@ -74,7 +74,7 @@ def profile_cmd(
     sizes = _ints(batch_sizes, "--batch-sizes")
     if device and not streams:
         raise UserError("ooo profile: --device goes with --streams (the per-layer profile runs on the CPU)")
-    from trainsim.cli.core import check_new_file
+    from trainsim.cli.options import check_new_file
 
     check_new_file(out, force, "--out")
     if not streams:

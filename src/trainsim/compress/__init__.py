@@ -14,6 +14,7 @@ The DDP hooks are in ``trainsim.run.hooks`` and the compression-aware collective
 ``trainsim.run.casync``; see ``docs/compress.md``.
 """
 
+from trainsim.compress import algorithms as _algorithms  # noqa: F401  (registers the built-in codecs)
 from trainsim.compress.base import (
     Codec,
     Compressor,

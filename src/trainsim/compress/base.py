@@ -143,9 +143,7 @@ def register(name: str, factory: Factory) -> None:
 
 
 def names() -> list[str]:
-    """Registered algorithm names, sorted."""
-    from trainsim.compress import algorithms  # noqa: F401  (registers the built-ins)
-
+    """Registered algorithm names, sorted (the package's ``__init__`` registers the built-ins)."""
     return sorted(_REGISTRY)
 
 

@@ -43,10 +43,20 @@ from typing import Any
 
 import numpy as np
 
-from trainsim.capture.kineto import CPU_CATS, GPU_CATS, RUNTIME_CATS, Event, Trace, paused_gc, read_trace
+from trainsim.capture.kineto import (
+    CPU_CATS,
+    GPU_CATS,
+    RUNTIME_CATS,
+    STEP_RX,
+    Event,
+    Trace,
+    paused_gc,
+    read_trace,
+)
 from trainsim.graph import cpuwaits
 from trainsim.graph.gpusync import add_syncs
 from trainsim.graph.ir import (
+    GAP,
     EdgeKind,
     GraphBuilder,
     ResourceKind,
@@ -55,7 +65,6 @@ from trainsim.graph.ir import (
     TaskKind,
 )
 
-STEP_RX = re.compile(r"^ProfilerStep#(\d+)$")
 COMM_CPU_RX = re.compile(r"^(gloo|mpi|ucc):")
 COMM_ANNOT_RX = re.compile(r"^(nccl|gloo|mpi|ucc):|^record_param_comms$|^c10d::")
 LAYER_SKIP_RX = re.compile(r"^ProfilerStep#|^## .* ##$|^\[param\|")
@@ -64,7 +73,6 @@ _DTYPE_BYTES = {
     "c10::Half": 2, "Half": 2, "c10::BFloat16": 2, "BFloat16": 2, "bfloat16": 2, "float16": 2,
     "long int": 8, "int": 4, "c10::Long": 8, "Long": 8, "Int": 4, "c10::Int": 4, "unsigned char": 1, "Byte": 1,
 }  # fmt: skip
-GAP = "gap"
 
 
 def load_trace(path: str | Path) -> TaskGraph:

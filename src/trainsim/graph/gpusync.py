@@ -54,8 +54,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from trainsim.capture.kineto import Event, Trace
-from trainsim.graph.ir import EdgeKind, GraphBuilder, ResourceKind, TaskGraph, TaskKind
+from trainsim.capture.kineto import STEP_RX, Event, Trace
+from trainsim.graph.ir import GAP, EdgeKind, GraphBuilder, ResourceKind, TaskGraph, TaskKind
 
 DEVICE_SYNC_RX = re.compile(r"^(cuda|hip)DeviceSynchronize$|^cuCtxSynchronize$")
 STREAM_SYNC_RX = re.compile(r"^(cuda|hip)StreamSynchronize$|^cuStreamSynchronize$")
@@ -410,7 +410,6 @@ def fixed_wait_ms_per_step(g: TaskGraph) -> dict[str, float]:
     - ``wait after release``: ``SYNC`` tasks, the part of a wait after the GPU task that released it,
       when >= 50 us (normally a few us of return latency).
     """
-    from trainsim.graph.build import GAP, STEP_RX  # build imports this module
 
     ids = g.steps.ids if g.steps.ids.size else np.unique(g.step[g.step >= 0])
     n_steps = max(1, int(ids.size))

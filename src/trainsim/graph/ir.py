@@ -42,6 +42,10 @@ F64 = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
 
 
+GAP = "gap"
+"""the name of a CPU task that covers a thread's untraced time between operators"""
+
+
 class TaskKind(enum.IntEnum):
     """What a task is. The value is what the ``kind`` column stores."""
 

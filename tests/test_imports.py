@@ -1,0 +1,43 @@
+"""No import cycles between trainsim's modules, counting imports inside functions too."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    mods = {}
+    for p in SRC.rglob("*.py"):
+        name = ".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        mods[name] = p
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            graph[m] |= {t for t in targets if t in mods and t != m}
+    return graph
+
+
+def test_no_module_imports_itself_back() -> None:
+    try:
+        graphlib.TopologicalSorter(_module_graph()).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
+
+
+def test_the_checker_sees_a_cycle() -> None:
+    g = {"a": {"b"}, "b": {"a"}}
+    try:
+        graphlib.TopologicalSorter(g).prepare()
+    except graphlib.CycleError:
+        return
+    raise AssertionError("graphlib missed a two-module cycle")
