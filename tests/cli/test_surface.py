@@ -19,6 +19,21 @@ EXPECTED_WHATIF_FLAGS = {
 
 EXPECTED_REPLAY_FLAGS = {"--json", "--timeline", "--no-straggler", "--force"}
 
+# planner: model and cluster flags shared by estimate and plan, then each command's own
+_PLAN_MODEL_FLAGS = {
+    "--arch", "--attn-flops", "--capacity-factor", "--cluster", "--dense-layers", "--experts", "--ffn-hidden",
+    "--flash-attention", "--global-batch", "--gpu", "--gpu-group", "--gpus", "--gpus-per-node", "--heads", "--hidden",
+    "--json", "--kv-heads", "--layers", "--model", "--moe-ffn-hidden", "--nic-gbps", "--nvlink-gbps", "--seq",
+    "--shared-experts", "--top-k", "--vocab", "--explain",
+}  # fmt: skip
+EXPECTED_ESTIMATE_FLAGS = _PLAN_MODEL_FLAGS | {
+    "--comm-overlap", "--cp", "--cp-mode", "--ep", "--micro-batch", "--precision", "--no-reshard-after-forward",
+    "--placement", "--pp", "--recompute", "--reshard-after-forward", "--schedule", "--sequence-parallel", "--shard-group", "--tp", "--virtual-stages", "--zero",
+}  # fmt: skip
+EXPECTED_PLAN_FLAGS = _PLAN_MODEL_FLAGS | {
+    "--checkpoint-s", "--goodput", "--method", "--mtbf-gpu-hours", "--no-simulate", "--restart-s", "--simulate", "--top",
+}  # fmt: skip
+
 
 def test_command_set_is_pinned() -> None:
     assert set(COMMANDS) == EXPECTED, "a command was added, removed or renamed: update docs and this test on purpose"
@@ -38,6 +53,13 @@ def test_replay_flags_are_pinned() -> None:
     from trainsim.cli.core import replay
 
     assert {o for p in replay.params for o in p.opts if o.startswith("--")} == EXPECTED_REPLAY_FLAGS
+
+
+def test_planner_flags_are_pinned() -> None:
+    from trainsim.cli.plan import estimate, plan
+
+    for cmd, expected in ((estimate, EXPECTED_ESTIMATE_FLAGS), (plan, EXPECTED_PLAN_FLAGS)):
+        assert {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} == expected
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_VALIDATE))

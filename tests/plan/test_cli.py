@@ -85,9 +85,9 @@ def test_plan_heterogeneous_groups(capsys: pytest.CaptureFixture[str]) -> None:
 def test_module_docstring_examples_run() -> None:
     import doctest
 
-    from trainsim.plan import devices, estimate, memory, optime, workload
+    from trainsim.plan import comm, devices, estimate, explain, memory, optime, workload
 
-    for mod in (devices, workload, optime, memory, estimate):
+    for mod in (devices, workload, optime, memory, estimate, comm, explain):
         res = doctest.testmod(mod)
         assert res.failed == 0, mod.__name__
 
@@ -132,3 +132,53 @@ def test_a_preset_with_dimensions_from_the_command_line(capsys: pytest.CaptureFi
     rc, _, err = _run(["estimate", "--model", "resnet50", "--global-batch", "8", "--gpu", "h100", "--gpus", "8",
                        "--layers", "3"], capsys)  # fmt: skip
     assert rc == 2 and "resnet50 is not a transformer; --layers do not apply" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["--model", "mixtral-8x7b", "--gpus", "32", "--ep", "16"], "--ep 16 does not divide experts=8"),
+        (["--model", "mixtral-8x7b", "--gpus", "32", "--ep", "64"], "--ep 64 does not divide dp=32"),
+        (["--model", "gpt3-175b", "--gpus", "24", "--cp", "3"], "--cp 3 does not divide the sequence length 2048"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--pp", "8", "--zero", "3"], "--zero 3 with --pp 8"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--tp", "5"], "tp*pp*cp = 5*1*1 = 5 does not divide --gpus 64"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--zero", "1", "--shard-group", "8"], "--shard-group applies to ZeRO-3"),
+        (["--model", "gpt3-175b", "--gpus", "64", "--nic-gbps", "-1"], "--nic-gbps -1.0; expected a bandwidth > 0"),
+        (["--model", "llama2-7b", "--gpus", "8", "--ep", "2"], "--ep 2 needs a mixture-of-experts model"),
+    ],
+)
+def test_new_flags_bad_input_exit_2(args: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _run(["estimate", "--global-batch", "192", "--gpu", "h100", *args], capsys)
+    assert rc == 2
+    assert msg in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_estimate_explain_lists_terms_with_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(["estimate", "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16", "--global-batch", "32",
+                       "--zero", "3", "--micro-batch", "1", "--explain"], capsys)  # fmt: skip
+    assert rc == 0
+    assert "fsdp_comm" in out and "tensor cores" in out and "formula inputs" in out
+    rc, out, _ = _run(["estimate", "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16", "--global-batch", "32",
+                       "--zero", "3", "--micro-batch", "1", "--json"], capsys)  # fmt: skip
+    d = json.loads(out)
+    assert {t["name"] for t in d["terms"]} >= {"compute", "fsdp_comm", "optimizer"}
+    assert d["breakdown"]["fsdp_comm"] > 0 and d["attn_flops_convention"] == "full"
+
+
+def test_plan_explains_winner_against_runner_up(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(["plan", "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16", "--global-batch", "64",
+                       "--top", "2", "--no-simulate", "--explain", "--json"], capsys)  # fmt: skip
+    assert rc == 0
+    d = json.loads(out)
+    assert d["why"].startswith("#1 is ") and d["term_differences"]
+    rc, out, _ = _run(["plan", "--model", "gpt3-1.3b", "--gpu", "a100-80gb", "--gpus", "16", "--global-batch", "64",
+                       "--top", "2", "--no-simulate", "--explain"], capsys)  # fmt: skip
+    assert rc == 0 and "plan 1 against plan 2" in out and "#1 is " in out
+
+
+def test_plan_searches_expert_parallel_degree(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(["plan", "--model", "mixtral-8x7b", "--gpu", "h100", "--gpus", "32", "--global-batch", "64",
+                       "--top", "3", "--no-simulate", "--json"], capsys)  # fmt: skip
+    assert rc == 0
+    eps = {p["strategy"]["ep"] for p in json.loads(out)["plans"]}
+    assert eps and all(8 % e == 0 for e in eps)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trainsim.errors import UserError
@@ -70,3 +72,108 @@ def test_bad_input() -> None:
         estimate(preset("gpt3-1.3b"), Strategy(dp=3), homogeneous("a100-80gb", 3), global_batch=16)
     with pytest.raises(UserError, match="NAME:COUNT"):
         parse_groups(["a100"])
+
+
+def test_model_flops_over_step_and_gpus_is_the_reported_tflops() -> None:
+    """Physical consistency, including context parallelism (the cp factor was missing) and both conventions."""
+    from dataclasses import replace
+
+    from trainsim.plan.estimate import with_attn_flops
+    from trainsim.plan.workload import AttnFlops
+
+    m = replace(preset("llama3-405b"), seq=131072)
+    s = Strategy(dp=8, tp=8, pp=16, cp=16, micro_batch=1, schedule="interleaved", virtual_stages=7,
+                 recompute=Recompute.FULL, sequence_parallel=True, zero=1)  # fmt: skip
+    e = estimate(m, s, homogeneous("h100", 16384), global_batch=128)
+    assert e.model_flops == pytest.approx(m.model_flops_per_sample() * 128)
+    assert e.model_flops / e.step_s / e.gpus_used / 1e12 == pytest.approx(e.model_tflops_per_gpu, rel=1e-12)
+    assert 0.2 < e.mfu < 0.6 and e.fits
+    assert e.breakdown["compute"] < e.step_s
+    c = with_attn_flops(e, m, AttnFlops.CAUSAL, 128)
+    assert c.model_flops == pytest.approx(m.model_flops_per_sample(AttnFlops.CAUSAL) * 128)
+    assert c.model_flops / c.step_s / c.gpus_used / 1e12 == pytest.approx(c.model_tflops_per_gpu, rel=1e-12)
+    assert c.model_tflops_per_gpu < e.model_tflops_per_gpu  # attention is most of the work at 128k
+
+
+def test_terms_add_up_to_the_step() -> None:
+    cases = [
+        (preset("gpt3-1.3b"), Strategy(dp=8, zero=3, micro_batch=2), homogeneous("a100-80gb", 8), 32),
+        (preset("llama2-7b"), Strategy(dp=4, tp=2, pp=2, micro_batch=1, schedule="interleaved", virtual_stages=2,
+                                       zero=1, sequence_parallel=True), homogeneous("h100", 16), 32),  # fmt: skip
+        (preset("mixtral-8x7b"), Strategy(dp=16, ep=8, zero=1, recompute=Recompute.FULL), homogeneous("h100", 16), 32),
+    ]
+    for m, s, cl, gb in cases:
+        e = estimate(m, s, cl, global_batch=gb)
+        assert sum(t.seconds for t in e.terms) == pytest.approx(e.step_s)
+        assert sum(e.breakdown.values()) == pytest.approx(e.step_s)
+
+
+def test_expert_all_to_all_within_and_across_nodes() -> None:
+    m = preset("mixtral-8x7b")
+    within = estimate(m, Strategy(dp=16, ep=8, zero=1), homogeneous("h100", 16), global_batch=32)
+    across = estimate(m, Strategy(dp=16, ep=8, zero=1), homogeneous("h100", 16, gpus_per_node=4), global_batch=32)
+    assert 0 < within.breakdown["ep_comm"] < across.breakdown["ep_comm"]
+    assert within.memory["weights"] < estimate(m, Strategy(dp=16, ep=1, zero=1), homogeneous("h100", 16),
+                                               global_batch=32).memory["weights"]  # fmt: skip
+
+
+def test_sharding_variants_trade_memory_for_traffic() -> None:
+    m, cl = preset("llama2-7b"), homogeneous("h100", 16)
+    mem, comm = {}, {}
+    for name, s in {
+        "zero1": Strategy(dp=16, zero=1), "zero2": Strategy(dp=16, zero=2), "zero3": Strategy(dp=16, zero=3),
+        "noreshard": Strategy(dp=16, zero=3, reshard_after_forward=False),
+        "hybrid": Strategy(dp=16, zero=3, shard_group=8),
+    }.items():  # fmt: skip
+        e = estimate(m, s, cl, global_batch=64)
+        mem[name] = e.memory["weights"] + e.memory["grads"] + e.memory["optimizer"]
+        comm[name] = sum(t.busy_s for t in e.terms if t.name in ("fsdp_comm", "dp_sync_exposed"))
+    assert mem["zero3"] < mem["hybrid"] < mem["zero2"] < mem["zero1"]
+    assert mem["zero3"] < mem["noreshard"]
+    assert comm["zero3"] > comm["noreshard"] > comm["zero1"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        (dict(dp=2, pp=2, zero=3), "--zero 3 with --pp 2"),
+        (dict(dp=4, ep=3), "--ep 3 does not divide dp=4"),
+        (dict(dp=4, zero=3, shard_group=3), "--shard-group 3 does not divide dp\\*cp = 4"),
+        (dict(dp=4, zero=1, shard_group=2), "--shard-group applies to ZeRO-3"),
+        (dict(dp=4, cp_mode="ulysses"), "--cp-mode 'ulysses'"),
+    ],
+)
+def test_strategies_that_cannot_exist(kw: dict, msg: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(UserError, match=msg):
+        Strategy(**kw)
+
+
+def test_out_of_memory_says_by_how_much_and_which_term() -> None:
+    e = estimate(preset("gpt3-175b"), Strategy(dp=8, zero=3, micro_batch=1), homogeneous("a100-80gb", 8), global_batch=8)
+    assert not e.fits
+    assert "GiB over (largest term: activations" in e.overflow
+
+
+def test_fp8_and_overlapped_communication_are_what_ifs() -> None:
+    m, cl = preset("llama2-7b"), homogeneous("h100", 16)
+    base = Strategy(dp=2, tp=8, micro_batch=1, sequence_parallel=True, zero=1)
+    bf16 = estimate(m, base, cl, global_batch=16)
+    fp8 = estimate(m, replace(base, precision="fp8"), cl, global_batch=16)
+    ovl = estimate(m, replace(base, comm_overlap=True), cl, global_batch=16)
+    assert fp8.breakdown["compute"] < bf16.breakdown["compute"]
+    assert fp8.model_tflops_per_gpu > bf16.model_tflops_per_gpu and fp8.mfu > bf16.mfu  # MFU stays on the bf16 peak
+    assert 0 < ovl.breakdown["tp_comm"] < bf16.breakdown["tp_comm"]
+    with pytest.raises(UserError, match="a100-80gb has no FP8 tensor cores"):
+        estimate(m, replace(base, precision="fp8"), homogeneous("a100-80gb", 16), global_batch=16)
+    with pytest.raises(UserError, match="--precision 'fp4'"):
+        Strategy(precision="fp4")
+
+
+def test_wide_heads_count_their_own_width() -> None:
+    from trainsim.plan.workload import Transformer
+
+    m = Transformer(arch="llama", layers=2, hidden=2048, heads=32, kv_heads=4, head_size=128, seq=4096, vocab=1000,
+                    ffn_hidden=6144)  # fmt: skip
+    # q and o projections are 2048 x 4096 (32 heads of 128), k and v 2048 x 512
+    assert m._attn_norm_params() == 2048 * (4096 + 2 * 512) + 4096 * 2048 + 2 * 2048
+    assert m.core_flops(1) == 4.0 * 4096 * 4096 * 4096

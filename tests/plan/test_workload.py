@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trainsim.errors import UserError
@@ -85,3 +87,61 @@ def test_tp_must_divide_heads() -> None:
         preset("gpt3-175b").layer_costs(mb=1, tp=64, sp=False, cp=1)
     with pytest.raises(UserError, match="unknown model"):
         preset("gpt5")
+
+
+def test_causal_convention_halves_the_attention_core_of_decoders_only() -> None:
+    from trainsim.plan.workload import AttnFlops
+
+    m = preset("llama3-8b")
+    assert isinstance(m, Transformer)
+    assert m.core_flops(1, AttnFlops.CAUSAL) == m.core_flops(1, AttnFlops.FULL) / 2 == 2.0 * 8192**2 * 4096
+    full, causal = m.model_flops_per_sample(AttnFlops.FULL), m.model_flops_per_sample(AttnFlops.CAUSAL)
+    assert full - causal == pytest.approx(3 * 32 * 2.0 * 8192**2 * 4096)
+    bert = preset("bert-large")
+    assert isinstance(bert, Transformer)
+    assert bert.core_flops(1, AttnFlops.CAUSAL) == bert.core_flops(1, AttnFlops.FULL)
+    # a causal flash kernel executes half the square: the layer's executed FLOPs count that half
+    blk = m.layer_costs(mb=1, tp=1, sp=False, cp=1)[1]
+    assert blk.core_flops == m.core_flops(1, AttnFlops.CAUSAL)
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active", "tol"),
+    [
+        ("mixtral-8x7b", 46.70, 12.88, 0.002),  # Jiang et al. 2024: 46.7B total, 12.9B active
+        ("llama3-405b", 405.85, 405.85, 0.002),  # Llama 3 paper: 405B
+        ("deepseek-v3-like", 671.0, 37.0, 0.06),  # DeepSeek-V3: 671B / 37B (attention approximated, see preset)
+    ],
+)
+def test_moe_and_llama3_parameter_counts(name: str, total: float, active: float, tol: float) -> None:
+    m = preset(name)
+    assert isinstance(m, Transformer)
+    assert m.total_params() / 1e9 == pytest.approx(total, rel=tol)
+    assert m.active_params() / 1e9 == pytest.approx(active, rel=tol)
+
+
+def test_expert_parallel_splits_experts_and_sends_routed_tokens() -> None:
+    m = preset("mixtral-8x7b")
+    one, four = (m.layer_costs(mb=1, tp=1, sp=False, cp=1, ep=e)[1] for e in (1, 4))
+    assert one.expert_params == 8 * 3 * 4096 * 14336 and four.expert_params == one.expert_params // 4
+    assert one.a2a_bytes == 0 and one.a2a_count == 0
+    # each of 4096 tokens goes to top-2 experts: 2 x 4096 x 4096 x 2 B sent, 3/4 of it to other ranks
+    assert four.a2a_bytes == pytest.approx(2 * 4096 * 4096 * 2 * 3 / 4) and four.a2a_count == 2
+    padded = replace(m, capacity_factor=1.25).layer_costs(mb=1, tp=1, sp=False, cp=1, ep=4)[1]
+    assert padded.a2a_bytes == pytest.approx(1.25 * four.a2a_bytes)
+    with pytest.raises(UserError, match="--ep 3 does not divide experts=8"):
+        m.layer_costs(mb=1, tp=1, sp=False, cp=1, ep=3)
+    with pytest.raises(UserError, match="needs a mixture-of-experts"):
+        preset("llama2-7b").layer_costs(mb=1, tp=1, sp=False, cp=1, ep=2)
+
+
+def test_long_context_activations_with_and_without_recomputation() -> None:
+    m = replace(preset("llama3-8b"), seq=131072)
+    blk = m.layer_costs(mb=1, tp=8, sp=True, cp=8)[1]
+    tok = 131072 // 8
+    # full recomputation keeps only the block input: s/cp x h x 2 B / tp (sequence parallel)
+    assert blk.act_bytes[Recompute.FULL] == 2 * tok * 4096 / 8
+    # without it, flash attention keeps no s x s tensor: bytes stay linear in the sequence
+    assert blk.act_bytes[Recompute.NONE] < 40 * tok * 4096 / 8 * 2
+    with pytest.raises(UserError, match="--cp 3 does not divide the sequence length 131072"):
+        m.layer_costs(mb=1, tp=8, sp=True, cp=3)

@@ -35,6 +35,15 @@ def _model_options(f: Any) -> Any:
         click.option("--seq", type=click.IntRange(min=1)),
         click.option("--vocab", type=click.IntRange(min=1)),
         click.option("--flash-attention", is_flag=True, help="Attention core as one fused kernel."),
+        click.option("--experts", type=click.IntRange(min=0), default=None, help="Routed experts per MoE layer (0: dense)."),
+        click.option("--top-k", type=click.IntRange(min=1), default=None, help="Experts per token (MoE; default 2)."),
+        click.option("--moe-ffn-hidden", type=click.IntRange(min=0), default=None, help="Width of one expert (default: ffn)."),
+        click.option("--shared-experts", type=click.IntRange(min=0), default=None, help="Always-on experts per MoE layer."),
+        click.option("--capacity-factor", type=click.FloatRange(min=0), default=None,
+                     help="Expert capacity / mean load (0: dropless, no padding)."),
+        click.option("--dense-layers", type=click.IntRange(min=0), default=None, help="Leading dense layers of an MoE model."),
+        click.option("--attn-flops", type=click.Choice(["full", "causal"]), default="full", show_default=True,
+                     help="Model-FLOP convention for the attention core: full s x s square (Megatron, PaLM) or the causal half."),
         click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences (or images) per step."),
     ]
     for o in reversed(opts):
@@ -49,6 +58,10 @@ def _cluster_options(f: Any) -> Any:
         click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True),
         click.option("--cluster", "cluster_file", default=None, help="YAML/TOML file: groups: [{gpu, count, gpus_per_node}]."),
         click.option("--gpu-group", "gpu_groups", multiple=True, help="NAME:COUNT, repeatable (heterogeneous cluster)."),
+        click.option("--nic-gbps", type=float, default=None,
+                     help="Inter-node bandwidth per GPU per direction, GB/s (400 Gbit/s = 50); default: the GPU's usual node."),
+        click.option("--nvlink-gbps", type=float, default=None,
+                     help="NVLink bandwidth per GPU per direction, GB/s; default: the GPU's datasheet."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -66,6 +79,10 @@ def build_model(kw: dict[str, Any]) -> Any:
         if dims and not isinstance(m, Transformer):  # they would be ignored
             raise UserError(f"--model {kw['preset']} is not a transformer; "
                             f"{', '.join('--' + k.replace('_', '-') for k in dims)} do not apply to it")  # fmt: skip
+        moe = {k: kw[k] for k in _MOE_KEYS if kw.get(k) is not None}
+        if moe and not isinstance(m, Transformer):
+            raise UserError(f"--model {kw['preset']} is not a transformer; --experts and friends do not apply to it")
+        dims |= moe
         if isinstance(m, Transformer):  # the preset with the dimensions given on the command line
             m = replace(m, **dims, name=m.name if not dims else f"{m.name}-custom")
             if kw.get("flash_attention"):
@@ -77,8 +94,11 @@ def build_model(kw: dict[str, Any]) -> Any:
     return Transformer(
         arch=kw["arch"], layers=kw["layers"], hidden=kw["hidden"], heads=kw["heads"], kv_heads=kw["kv_heads"] or 0,
         ffn_hidden=kw["ffn_hidden"] or 0, seq=kw["seq"], vocab=kw["vocab"], flash_attention=kw["flash_attention"],
-        name=f"{kw['arch']}-custom",
+        name=f"{kw['arch']}-custom", **{k: kw[k] for k in _MOE_KEYS if kw.get(k) is not None},
     )
+
+
+_MOE_KEYS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "capacity_factor", "dense_layers")
 
 
 def build_cluster(kw: dict[str, Any]) -> Any:
@@ -89,13 +109,16 @@ def build_cluster(kw: dict[str, Any]) -> Any:
     if len(given) > 1:  # one would be used and the other dropped unseen
         raise UserError(f"{' and '.join(given)} both describe the cluster; give one of --gpu NAME --gpus N, "
                         "--gpu-group NAME:COUNT, or --cluster FILE")  # fmt: skip
+    if (kw.get("nic_gbps") or kw.get("nvlink_gbps")) and (kw.get("cluster_file") or kw.get("gpu_groups")):
+        raise UserError("--nic-gbps/--nvlink-gbps apply to --gpu NAME --gpus N only")
     if kw.get("cluster_file"):
         return load_cluster(kw["cluster_file"])
     if kw.get("gpu_groups"):
         return parse_groups(list(kw["gpu_groups"]), kw["gpus_per_node"])
     if not kw.get("gpu") or kw.get("gpus") is None:
         raise UserError("no cluster: give --gpu NAME --gpus N, --gpu-group NAME:COUNT, or --cluster FILE")
-    return homogeneous(kw["gpu"], kw["gpus"], kw["gpus_per_node"])
+    return homogeneous(kw["gpu"], kw["gpus"], kw["gpus_per_node"], nic_gbps=kw.get("nic_gbps"),
+                       nvlink_gbps=kw.get("nvlink_gbps"))
 
 
 @click.command("estimate")
@@ -111,14 +134,26 @@ def build_cluster(kw: dict[str, Any]) -> Any:
 @click.option("--sequence-parallel", is_flag=True)
 @click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True)
 @click.option("--placement", type=click.Choice(["tp-cp-dp-pp", "tp-cp-pp-dp"]), default="tp-cp-dp-pp", show_default=True)
+@click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True, help="Expert-parallel degree (divides dp).")
+@click.option("--reshard-after-forward/--no-reshard-after-forward", default=True, show_default=True,
+              help="ZeRO-3: free gathered weights after forward (FSDP FULL_SHARD) or keep them (SHARD_GRAD_OP).")
+@click.option("--shard-group", type=click.IntRange(min=0), default=0, show_default=True,
+              help="ZeRO-3: shard over this many ranks, replicate across groups (hybrid sharding; 0 = all).")
+@click.option("--cp-mode", type=click.Choice(["ring", "allgather"]), default="ring", show_default=True,
+              help="Context parallel attention: ring (overlapped) or all-gather of K/V (exposed).")
+@click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+              help="fp8: linear layers on FP8 tensor cores (Hopper), a what-if with its own efficiency.")
+@click.option("--comm-overlap", is_flag=True, help="TP collectives and pipeline sends overlapped with GEMMs (Megatron-Core/NeMo).")
+@click.option("--explain", is_flag=True, help="Print each time term with its inputs (bytes, links, FLOPs, efficiency).")
 @JSON_OPT
-def estimate_cmd(as_json: bool, **kw: Any) -> None:
+def estimate_cmd(as_json: bool, explain: bool, **kw: Any) -> None:
     """Predict step time, throughput and memory of one configuration."""
     from trainsim.plan.estimate import Stages, Strategy, best_micro_batch, estimate, resolve_world
-    from trainsim.plan.workload import Recompute, Transformer
+    from trainsim.plan.workload import AttnFlops, Recompute, Transformer
 
     model = build_model(kw)
     cluster = build_cluster(kw)
+    conv = AttnFlops(kw["attn_flops"])
     n = cluster.n_gpus
     dp = resolve_world(n, kw["tp"], kw["pp"], kw["cp"])
     sched = kw["schedule"]
@@ -128,7 +163,9 @@ def estimate_cmd(as_json: bool, **kw: Any) -> None:
     base = Strategy(
         dp=dp, tp=kw["tp"], pp=kw["pp"], cp=kw["cp"], micro_batch=kw["micro_batch"] or 1, schedule=sched,
         virtual_stages=v or 1, recompute=Recompute[kw["recompute"].upper()],
-        sequence_parallel=kw["sequence_parallel"], zero=kw["zero"], placement=kw["placement"],
+        sequence_parallel=kw["sequence_parallel"], zero=kw["zero"], placement=kw["placement"], ep=kw["ep"],
+        reshard_after_forward=kw["reshard_after_forward"], shard_group=kw["shard_group"], cp_mode=kw["cp_mode"],
+        precision=kw["precision"], comm_overlap=kw["comm_overlap"],
     )
     gb = kw["global_batch"]
     stages = None
@@ -136,14 +173,14 @@ def estimate_cmd(as_json: bool, **kw: Any) -> None:
         stages = _fill_stages(model, base, cluster)
     if kw["micro_batch"] is None or (sched == "interleaved" and v is None):
         blocks = model.layers if isinstance(model, Transformer) else model.n_units
-        vs = [x for x in range(1, 9) if blocks % (base.pp * x) == 0] if sched == "interleaved" and v is None else None
+        vs = [x for x in range(1, 9) if blocks >= base.pp * x] if sched == "interleaved" and v is None else None
         mbs = (kw["micro_batch"],) if kw["micro_batch"] else (1, 2, 4, 8, 16, 32)
         if stages is None:
-            e = best_micro_batch(model, base, cluster, global_batch=gb, candidates=mbs, virtual=vs)
+            e = best_micro_batch(model, base, cluster, global_batch=gb, candidates=mbs, virtual=vs, attn_flops=conv)
         else:
-            e = _best_hetero(model, base, cluster, gb, mbs, vs, stages)
+            e = _best_hetero(model, base, cluster, gb, mbs, vs, stages, conv)
     else:
-        e = estimate(model, base, cluster, global_batch=gb, stages=stages)
+        e = estimate(model, base, cluster, global_batch=gb, stages=stages, attn_flops=conv)
     _ = Stages
     out = e.to_json()
     out["model"] = getattr(model, "name", "") or "custom"
@@ -155,6 +192,24 @@ def estimate_cmd(as_json: bool, **kw: Any) -> None:
     _print_estimates([e], title=f"{out['model']} on {cluster.describe()}, global batch {gb}")
     if not e.fits:
         click.echo(f"does not fit: {e.overflow}")
+    if explain:
+        _print_terms(e)
+
+
+def _print_terms(e: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainsim.plan.explain import HEADER, term_rows
+
+    t = Table(title=f"where the {e.step_s:.4g} s step goes ({e.strategy.text()}); model FLOPs count attention "
+                    f"'{e.attn_flops}': {e.model_flops:.4g} / {e.step_s:.4g} s / {e.gpus_used} GPUs = "
+                    f"{e.model_tflops_per_gpu:.1f} TFLOP/s per GPU")  # fmt: skip
+    for c in HEADER:
+        t.add_column(c, justify="left" if c in ("term", "link", "formula inputs") else "right")
+    for r in term_rows(e):
+        t.add_row(*r)
+    Console(highlight=False, width=220).print(t)
 
 
 def _fill_stages(model: Any, s: Any, cluster: Any) -> Any:
@@ -173,7 +228,7 @@ def _fill_stages(model: Any, s: Any, cluster: Any) -> Any:
     return Stages(st.bounds, tuple(groups))
 
 
-def _best_hetero(model: Any, base: Any, cluster: Any, gb: int, mbs: Any, vs: Any, stages: Any) -> Any:
+def _best_hetero(model: Any, base: Any, cluster: Any, gb: int, mbs: Any, vs: Any, stages: Any, conv: Any) -> Any:
     from dataclasses import replace
 
     from trainsim.plan.estimate import estimate
@@ -184,13 +239,14 @@ def _best_hetero(model: Any, base: Any, cluster: Any, gb: int, mbs: Any, vs: Any
             continue
         for v in vs or (base.virtual_stages,):
             try:
-                e = estimate(model, replace(base, micro_batch=mb, virtual_stages=v), cluster, global_batch=gb, stages=stages)
+                e = estimate(model, replace(base, micro_batch=mb, virtual_stages=v), cluster, global_batch=gb, stages=stages,
+                             attn_flops=conv)
             except UserError:
                 continue
             if best is None or (e.fits, -e.step_s) > (best.fits, -best.step_s):
                 best = e
     if best is None:
-        return estimate(model, base, cluster, global_batch=gb, stages=stages)
+        return estimate(model, base, cluster, global_batch=gb, stages=stages, attn_flops=conv)
     return best
 
 
@@ -226,9 +282,10 @@ def _print_estimates(es: list[Any], title: str) -> None:
 @click.option("--mtbf-gpu-hours", type=float, default=None, help="With --goodput: one GPU's MTBF, hours.")
 @click.option("--checkpoint-s", type=float, default=None, help="With --goodput: seconds to write a checkpoint.")
 @click.option("--restart-s", type=float, default=0.0, show_default=True, help="With --goodput: seconds per restart.")
+@click.option("--explain", is_flag=True, help="Show the winner's time terms and why it beats the runner-up.")
 @JSON_OPT
 def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goodput: bool, mtbf_gpu_hours: float | None,
-             checkpoint_s: float | None, restart_s: float, **kw: Any) -> None:
+             checkpoint_s: float | None, restart_s: float, explain: bool, **kw: Any) -> None:
     """Search for the fastest parallelisation that fits, and rank the top plans."""
     from rich.progress import Progress
 
@@ -253,6 +310,10 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
     if by_goodput or mtbf_gpu_hours is not None or checkpoint_s is not None:
         gps = _rank_by_goodput(model, cluster, res, kw["global_batch"], method, top_k, by_goodput, mtbf_gpu_hours,
                                checkpoint_s, restart_s)  # fmt: skip
+    from trainsim.plan.estimate import with_attn_flops
+    from trainsim.plan.workload import AttnFlops
+
+    res.plans = [with_attn_flops(e, model, AttnFlops(kw["attn_flops"]), kw["global_batch"]) for e in res.plans]
     sims: list[float | None] = [None] * len(res.plans)
     if do_sim:
         sims = _simulate_all(model, cluster, res.plans, kw["global_batch"])
@@ -270,6 +331,11 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
             "cluster": cluster.describe(), "method": res.method, "search_s": res.seconds,
             "evaluated": res.evaluated, "pruned": res.pruned, "plans": plans,
         }
+        if explain and len(res.plans) > 1:
+            from trainsim.plan.explain import compare, why_text
+
+            out["why"] = why_text(res.plans[0], res.plans[1])
+            out["term_differences"] = [{"term": n, "first_s": a, "second_s": b} for n, a, b in compare(*res.plans[:2])]
         click.echo(json.dumps(out, separators=(",", ":")))
         return
     _print_estimates(res.plans, title=f"{getattr(model, 'name', '') or 'model'} on {cluster.describe()} ({method}, {res.seconds:.2f} s, {res.evaluated} evaluated)")
@@ -279,6 +345,27 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
     for i, g in enumerate(gps or []):
         e = res.plans[i]
         click.echo(f"plan {i + 1}: {e.gpus_used} GPUs, goodput {100 * g:.1f}%, {e.samples_per_s * g:.1f} samples/s under failures")
+    if explain:
+        _print_terms(res.plans[0])
+        if len(res.plans) > 1:
+            _print_comparison(res.plans[0], res.plans[1])
+
+
+def _print_comparison(a: Any, b: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trainsim.plan.explain import compare, why_text
+
+    t = Table(title="plan 1 against plan 2, seconds per step")
+    for c in ("term", "plan 1", "plan 2", "2 - 1"):
+        t.add_column(c, justify="left" if c == "term" else "right")
+    for name, sa, sb in compare(a, b):
+        t.add_row(name, f"{sa:.4g}", f"{sb:.4g}", f"{sb - sa:+.4g}")
+    t.add_row("step", f"{a.step_s:.4g}", f"{b.step_s:.4g}", f"{b.step_s - a.step_s:+.4g}")
+    con = Console(highlight=False, width=200)
+    con.print(t)
+    con.print(why_text(a, b))
 
 
 def _rank_by_goodput(model: Any, cluster: Any, res: Any, gb: int, method: str, top_k: int, on: bool,

@@ -36,6 +36,8 @@ class Gpu:
     nic_gbps: float
     """inter-node bandwidth per GPU per direction, GB/s"""
     gpus_per_node: int = 8
+    fp8_tflops: float = 0.0
+    """dense FP8 tensor-core TFLOP/s; 0 = no FP8 tensor cores"""
 
     def __post_init__(self) -> None:
         for f in ("peak_tflops", "hbm_gbps", "mem_gib", "nvlink_gbps", "nic_gbps"):
@@ -53,8 +55,12 @@ class Gpu:
 # [H100] glennklockwood.com/garden/processors/h100 (989.4 TF dense BF16), HPCTech H100 table:
 #        3,350 GB/s HBM3, NVLink4 900 GB/s total (450 per direction); DGX H100: 8x 400 Gb/s
 #        ConnectX-7 -> 50 GB/s per GPU (docs.nvidia.com DGX BasePOD "Core Components").
+# [FP8]  dense FP8 on Hopper (H100/H800/H200 SXM): 1,979 TFLOP/s (3,958 with sparsity), same sources as [H100].
 # [H200] NVIDIA H200 Tensor Core GPU product page / datasheet (nvidia.com/en-us/data-center/h200):
 #        141 GB HBM3e, 4.8 TB/s, same Hopper compute as H100 SXM (989 TF dense BF16), NVLink 900 GB/s.
+# [H800] DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024) §3.1-3.2: H800 nodes of 8 GPUs, NVLink/NVSwitch
+#        inside (400 GB/s total on the datasheet, 200 per direction; the report measures ~160 GB/s), 400 Gb/s
+#        InfiniBand per GPU (50 GB/s); Hopper compute as H100 SXM.
 # [2080Ti] NVIDIA Turing architecture whitepaper (2018), Appendix A Table 1, GeForce RTX 2080 Ti:
 #        FP16 tensor TFLOPS with FP32 accumulate 53.8 (107.6 with FP16 accumulate), 616 GB/s GDDR6,
 #        11 GB; no NVSwitch: PCIe 3.0 x16 = 15.75 GB/s per direction (PCI-SIG), 8 per node assumed;
@@ -66,8 +72,9 @@ _CATALOG: dict[str, Gpu] = {
         Gpu(name="v100-32gb", peak_tflops=125.0, hbm_gbps=900.0, mem_gib=32.0, nvlink_gbps=150.0, nic_gbps=0.39),
         Gpu(name="a100-40gb", peak_tflops=312.0, hbm_gbps=1555.0, mem_gib=40.0, nvlink_gbps=300.0, nic_gbps=25.0),
         Gpu(name="a100-80gb", peak_tflops=312.0, hbm_gbps=2039.0, mem_gib=80.0, nvlink_gbps=300.0, nic_gbps=25.0),
-        Gpu(name="h100", peak_tflops=989.0, hbm_gbps=3350.0, mem_gib=80.0, nvlink_gbps=450.0, nic_gbps=50.0),
-        Gpu(name="h200", peak_tflops=989.0, hbm_gbps=4800.0, mem_gib=141.0, nvlink_gbps=450.0, nic_gbps=50.0),
+        Gpu(name="h100", peak_tflops=989.0, hbm_gbps=3350.0, mem_gib=80.0, nvlink_gbps=450.0, nic_gbps=50.0, fp8_tflops=1979.0),
+        Gpu(name="h800", peak_tflops=989.0, hbm_gbps=3350.0, mem_gib=80.0, nvlink_gbps=200.0, nic_gbps=50.0, fp8_tflops=1979.0),
+        Gpu(name="h200", peak_tflops=989.0, hbm_gbps=4800.0, mem_gib=141.0, nvlink_gbps=450.0, nic_gbps=50.0, fp8_tflops=1979.0),
         Gpu(name="rtx2080ti", peak_tflops=53.8, hbm_gbps=616.0, mem_gib=11.0, nvlink_gbps=15.75, nic_gbps=0.156),
     )
 }
@@ -124,8 +131,18 @@ class Cluster:
         return " + ".join(f"{g.count}x{g.gpu.name}" for g in self.groups)
 
 
-def homogeneous(name: str, n_gpus: int, gpus_per_node: int = 8) -> Cluster:
-    return Cluster(groups=(NodeGroup(gpu=gpu(name), count=n_gpus, gpus_per_node=min(gpus_per_node, n_gpus)),))
+def homogeneous(name: str, n_gpus: int, gpus_per_node: int = 8, *, nic_gbps: float | None = None,
+                nvlink_gbps: float | None = None) -> Cluster:
+    """``n_gpus`` of one kind; ``nic_gbps`` / ``nvlink_gbps`` override the catalog's per-GPU network and NVLink
+    bandwidth (GB/s per direction), e.g. 400 Gbit/s per GPU = 50."""
+    from dataclasses import replace
+
+    kind = gpu(name)
+    for flag, v in (("--nic-gbps", nic_gbps), ("--nvlink-gbps", nvlink_gbps)):
+        if v is not None and not v > 0:
+            raise UserError(f"{flag} {v}; expected a bandwidth > 0 in GB/s")
+    kind = replace(kind, nic_gbps=nic_gbps or kind.nic_gbps, nvlink_gbps=nvlink_gbps or kind.nvlink_gbps)
+    return Cluster(groups=(NodeGroup(gpu=kind, count=n_gpus, gpus_per_node=min(gpus_per_node, n_gpus)),))
 
 
 def parse_groups(specs: list[str], gpus_per_node: int = 8) -> Cluster:

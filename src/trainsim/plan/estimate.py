@@ -14,17 +14,22 @@ Model of one training step (every stage runs ``m = global_batch / (dp * micro_ba
 1. Per stage and micro-batch, ``t_i`` = forward + backward compute of its layers (``optime``), plus
    recomputation (the whole layer under full, the attention core under selective), plus Megatron TP
    all-reduces (2 per block in forward, 2 in backward, 2 more when the forward is recomputed; under
-   sequence parallelism the same volume as reduce-scatter + all-gather), plus context-parallel K/V
-   exchange not hidden behind attention, plus blocking point-to-point sends to the neighbouring stages
-   (activation forward, gradient backward; scatter/gather over TP ranks, Narayanan et al. SC'21 §4.1),
-   plus FSDP/ZeRO-3 parameter gathers not hidden behind the stage's compute.
+   sequence parallelism the same volume as reduce-scatter + all-gather; hidden behind GEMMs up to
+   ``overlap`` with ``comm_overlap``), plus the exposed part of context-parallel attention traffic (ring
+   or all-gather, ``comm``), plus expert all-to-alls (``comm.all_to_all_s``), plus point-to-point sends
+   to the neighbouring stages (activation forward, gradient backward; scatter/gather over TP ranks,
+   Narayanan et al. SC'21 §4.1), plus the per-layer ZeRO-2/3 gathers and reduce-scatters not hidden by
+   one-layer prefetch (``comm.fsdp_pass_s``).
 2. Pipeline: ``m * max_i t_i + bubble``, ``bubble = beta * (sum_i t_i - max_i t_i)`` which is
    ``(pp-1) t`` for equal stages: beta = 1 for GPipe and 1F1B, ``1/v`` for interleaved with ``v`` virtual
    stages (Narayanan §2.2), and ``F / (F + B)`` for zero-bubble ZB-H1 (Qi et al. ICLR'24: bubble
    ``(p-1)(F+B-W)`` with ``B = W``).
-3. After the pipeline drains: data-parallel gradient sync (all-reduce, or reduce-scatter + all-gather
-   under ZeRO-1/2) overlapped with the last micro-batch's backward; the optimizer step
-   (mixed-precision Adam, 32 B/param of memory traffic, memory-bound) on the slowest stage.
+3. After the pipeline drains: data-parallel gradient sync over ``dp * cp`` ranks (all-reduce; ZeRO-1
+   reduce-scatter + all-gather; ZeRO-2 the all-gather; hybrid ZeRO-3 the all-reduce across replicas)
+   overlapped with the last micro-batch's backward; the optimizer step (mixed-precision Adam, 32 B/param
+   of memory traffic, memory-bound) on the slowest stage.
+4. ``Estimate.terms`` keeps every term of the slowest stage with its inputs (``explain``); model FLOPs
+   follow ``workload.AttnFlops`` and ``model_tflops_per_gpu == model_flops / step_s / GPUs``.
 
 Placement: ranks are laid out ``tp`` innermost, then ``cp``, ``dp``, ``pp`` (``placement`` can swap
 dp and pp). A group whose members share a node uses NVLink; one spanning nodes gets the bus bandwidth
@@ -34,26 +39,36 @@ dp and pp). A group whose members share a node uses NVLink; one spanning nodes g
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from trainsim.errors import UserError
+from trainsim.plan.comm import (
+    PARAM_BYTES,
+    Term,
+    all_to_all_s,
+    allgather_attention_s,
+    fsdp_pass_s,
+    ring_attention_s,
+)
 from trainsim.plan.devices import Cluster, Gpu, NodeGroup
-from trainsim.plan.memory import GIB, Memory, shared_params
+from trainsim.plan.memory import GIB, GRAD_BYTES, Memory, shared_params
 from trainsim.plan.optime import (
     DEFAULT_EFFICIENCY,
     Efficiency,
-    gather_s,
     layer_time,
     p2p_s,
     ring_allreduce_s,
 )
-from trainsim.plan.workload import Model, Recompute, Transformer
+from trainsim.plan.workload import AttnFlops, Model, Recompute, Transformer
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 PLACEMENTS = ("tp-cp-dp-pp", "tp-cp-pp-dp")
+CP_MODES = ("ring", "allgather")
+PRECISIONS = ("bf16", "fp8")
 OPTIM_TRAFFIC_BYTES = 32  # Adam step: read grad, master, m, v; write master, m, v, 16-bit weight; + clip/unscale
 
 
@@ -77,9 +92,24 @@ class Strategy:
     """0 none, 1 optimizer states, 2 + gradients, 3 + weights (FSDP full sharding)"""
     placement: str = "tp-cp-dp-pp"
     """rank order, innermost first"""
+    ep: int = 1
+    """expert-parallel degree: experts split over ``ep`` of the data-parallel ranks (MoE only)"""
+    reshard_after_forward: bool = True
+    """ZeRO-3 only: free gathered weights after forward and gather again in backward (FSDP FULL_SHARD);
+    False keeps them until backward (FSDP SHARD_GRAD_OP / torchtitan with pipelining)"""
+    shard_group: int = 0
+    """ZeRO-3 only: shard over this many data-parallel ranks and replicate across the groups
+    (hybrid sharding, FSDP HYBRID_SHARD / HSDP); 0 shards over all ``dp * cp`` ranks"""
+    cp_mode: str = "ring"
+    """ring (K/V passed around, overlapped with attention) | allgather (K/V gathered up front, exposed)"""
+    precision: str = "bf16"
+    """bf16 | fp8 (linear layers on FP8 tensor cores, a what-if with its own efficiency; Hopper only)"""
+    comm_overlap: bool = False
+    """TP collectives and pipeline sends overlapped with GEMMs (Megatron-Core / NeMo ``tp_comm_overlap`` and
+    ``overlap_p2p_comm``); off reproduces Megatron-LM 2021, which blocked on them"""
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "cp", "micro_batch", "virtual_stages"):
+        for f in ("dp", "tp", "pp", "cp", "micro_batch", "virtual_stages", "ep"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise UserError(f"{f}={v!r}; expected a positive integer")
@@ -93,6 +123,34 @@ class Strategy:
             raise UserError(f"placement {self.placement!r}; expected one of {', '.join(PLACEMENTS)}")
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision {self.precision!r}; expected one of {', '.join(PRECISIONS)}")
+        if self.cp_mode not in CP_MODES:
+            raise UserError(f"--cp-mode {self.cp_mode!r}; expected one of {', '.join(CP_MODES)}")
+        if self.shard_group < 0:
+            raise UserError(f"--shard-group {self.shard_group}; expected 0 (all data-parallel ranks) or a positive size")
+        if (self.shard_group or not self.reshard_after_forward) and self.zero != 3:
+            flag = "--shard-group" if self.shard_group else "--no-reshard-after-forward"
+            raise UserError(f"{flag} applies to ZeRO-3 / FSDP only; got --zero {self.zero}")
+        if self.shard_group and self.dpc % self.shard_group:
+            raise UserError(f"--shard-group {self.shard_group} does not divide dp*cp = {self.dpc}")
+        if self.ep > 1 and self.dp % self.ep:
+            raise UserError(f"--ep {self.ep} does not divide dp={self.dp}; experts are split over data-parallel ranks")
+        if self.zero == 3 and self.reshard_after_forward and self.pp > 1:
+            raise UserError(
+                f"--zero 3 with --pp {self.pp}: re-gathering weights every micro-batch is unsupported with pipeline "
+                "stages (DeepSpeed, Megatron-LM); use --zero 1/2, or --no-reshard-after-forward (torchtitan FSDP+PP)"
+            )
+
+    @property
+    def dpc(self) -> int:
+        """Ranks holding the same weights: gradients are reduced and ZeRO shards over ``dp * cp``."""
+        return self.dp * self.cp
+
+    @property
+    def shard(self) -> int:
+        """Ranks a ZeRO/FSDP shard is split over."""
+        return self.shard_group or self.dpc
 
     @property
     def world(self) -> int:
@@ -101,9 +159,15 @@ class Strategy:
     def text(self) -> str:
         v = f"x{self.virtual_stages}" if self.schedule == "interleaved" else ""
         sp = "+sp" if self.sequence_parallel else ""
+        z = f"zero{self.zero}"
+        if self.zero == 3:
+            z += ("" if self.reshard_after_forward else "-noreshard") + (f"-hsdp{self.shard_group}" if self.shard_group else "")
         return (
-            f"dp{self.dp} tp{self.tp}{sp} pp{self.pp} cp{self.cp} mb{self.micro_batch} {self.schedule}{v} "
-            f"rc={self.recompute.name.lower()} zero{self.zero}"
+            f"dp{self.dp} tp{self.tp}{sp} pp{self.pp} cp{self.cp}{'-ag' if self.cp > 1 and self.cp_mode != 'ring' else ''}"
+            + (f" ep{self.ep}" if self.ep > 1 else "")
+            + f" mb{self.micro_batch} {self.schedule}{v} rc={self.recompute.name.lower()} {z}"
+            + (" fp8" if self.precision == "fp8" else "")
+            + (" overlap" if self.comm_overlap else "")
             + ("" if self.placement == PLACEMENTS[0] else f" {self.placement}")
         )
 
@@ -141,6 +205,11 @@ class Estimate:
     stage_step_s: tuple[float, ...] = field(default=())
     stage_terms: tuple[dict[str, float], ...] = field(default=(), repr=False)
     """per stage and micro-batch: the terms of ``stage_step_s`` (seconds), for the simulation check"""
+    terms: tuple[Term, ...] = field(default=(), repr=False)
+    """per step on the slowest stage, each time term with its formula's inputs (``--explain``)"""
+    model_flops: float = 0.0
+    """model FLOPs of one step (the MFU numerator), counted under ``attn_flops``"""
+    attn_flops: str = "full"
 
     def to_json(self) -> dict[str, object]:
         s = asdict(self.strategy)
@@ -161,6 +230,9 @@ class Estimate:
             "breakdown": self.breakdown,
             "bottleneck": self.bottleneck,
             "gpus_used": self.gpus_used,
+            "model_flops_per_step": self.model_flops,
+            "attn_flops_convention": self.attn_flops,
+            "terms": [t._asdict() for t in self.terms],
         }
 
 
@@ -173,11 +245,15 @@ class UnitTable:
     bwd: np.ndarray
     rc_full: np.ndarray  # forward time repeated under full recomputation (blocks only)
     rc_sel: np.ndarray  # attention core time repeated under selective recomputation
+    attn_fwd: np.ndarray  # forward time of the attention core (what ring attention overlaps with)
     tp_coll: np.ndarray  # TP collectives per forward
     tp_bytes: float
     cp_bytes: np.ndarray
     out_bytes: np.ndarray
     params: np.ndarray
+    expert_params: np.ndarray
+    a2a_bytes: np.ndarray  # bytes sent per expert all-to-all
+    a2a_count: np.ndarray  # expert all-to-alls per forward
     model_flops: np.ndarray
     core_flops: np.ndarray
     costs: tuple
@@ -185,9 +261,13 @@ class UnitTable:
 
 
 @functools.lru_cache(maxsize=8192)
-def unit_table(model: Model, mb: int, tp: int, sp: bool, cp: int, gpu: Gpu, eff: Efficiency) -> UnitTable:
-    costs = model.layer_costs(mb=mb, tp=tp, sp=sp, cp=cp)
-    times = [layer_time(c, gpu, eff) for c in costs]
+def unit_table(
+    model: Model, mb: int, tp: int, sp: bool, cp: int, gpu: Gpu, eff: Efficiency, ep: int = 1, fp8: bool = False
+) -> UnitTable:
+    if fp8 and not gpu.fp8_tflops:
+        raise UserError(f"--precision fp8: {gpu.name} has no FP8 tensor cores (Hopper: h100, h800, h200)")
+    costs = model.layer_costs(mb=mb, tp=tp, sp=sp, cp=cp, ep=ep)
+    times = [layer_time(c, gpu, eff, fp8) for c in costs]
     is_block = np.array([c.act_bytes[2] < c.act_bytes[0] for c in costs])
     flash = isinstance(model, Transformer) and model.flash_attention
     return UnitTable(
@@ -195,11 +275,15 @@ def unit_table(model: Model, mb: int, tp: int, sp: bool, cp: int, gpu: Gpu, eff:
         bwd=np.array([t.bwd for t in times]),
         rc_full=np.array([t.fwd for t in times]) * is_block,
         rc_sel=np.array([0.0 if flash else t.core_fwd for t in times]),
+        attn_fwd=np.array([t.core_fwd for t in times]),
         tp_coll=np.array([c.tp_collectives for c in costs], np.float64),
         tp_bytes=max((c.tp_allreduce_bytes for c in costs), default=0.0),
         cp_bytes=np.array([c.cp_kv_bytes for c in costs]),
         out_bytes=np.array([c.out_bytes for c in costs]),
         params=np.array([c.params for c in costs], np.float64),
+        expert_params=np.array([c.expert_params for c in costs], np.float64),
+        a2a_bytes=np.array([c.a2a_bytes for c in costs]),
+        a2a_count=np.array([c.a2a_count for c in costs], np.float64),
         model_flops=np.array([c.model_flops for c in costs]),
         core_flops=np.array([c.core_flops for c in costs]),
         costs=costs,
@@ -210,6 +294,8 @@ def unit_table(model: Model, mb: int, tp: int, sp: bool, cp: int, gpu: Gpu, eff:
 class StageSums:
     """Sums over a unit range of one ``UnitTable`` (cached: stages repeat across a search)."""
 
+    lo: int  # first unit
+    hi: int  # one past the last unit
     f: float
     b: float
     rc_full: float
@@ -218,6 +304,7 @@ class StageSums:
     n_coll_rc: float
     cp_kv: float
     params: float
+    expert_params: float
     largest: float
     act: tuple[float, float, float]
     trans_full: float
@@ -236,6 +323,8 @@ def stage_sums(tab: UnitTable, a: int, b: int) -> StageSums:
     c = tab.costs[a:b]
     blk = tab.rc_full[a:b] > 0
     u = StageSums(
+        lo=a,
+        hi=b,
         f=float(tab.fwd[a:b].sum()),
         b=float(tab.bwd[a:b].sum()),
         rc_full=float(tab.rc_full[a:b].sum()),
@@ -244,6 +333,7 @@ def stage_sums(tab: UnitTable, a: int, b: int) -> StageSums:
         n_coll_rc=float((tab.tp_coll[a:b] * blk).sum()),
         cp_kv=float(tab.cp_bytes[a:b].sum()),
         params=float(tab.params[a:b].sum()) - shared_params(c),
+        expert_params=float(tab.expert_params[a:b].sum()),
         largest=float(tab.params[a:b].max()),
         act=(sum(x.act_bytes[0] for x in c), sum(x.act_bytes[1] for x in c), sum(x.act_bytes[2] for x in c)),
         trans_full=max((x.transient_bytes for x in c if x.name != "head"), default=0.0),
@@ -259,10 +349,11 @@ def stage_sums(tab: UnitTable, a: int, b: int) -> StageSums:
 
 
 def _memory(u: StageSums, s: Strategy, stage: int, m: int) -> Memory:
-    """``memory.stage_memory`` from cached sums (the same terms; tests check they agree)."""
+    """Peak memory of one GPU of stage ``stage`` by term (``memory.stage_memory``'s terms from cached sums)."""
     from trainsim.plan.memory import FRAG, WORKSPACE_GIB, in_flight, static_bytes
 
-    w, g, o = static_bytes(u.params, zero=s.zero, dp=s.dp, largest_layer_params=u.largest)
+    w, g, o = static_bytes(u.params, zero=s.zero, dp=s.shard, largest_layer_params=u.largest,
+                           expert_params=u.expert_params, ep=s.ep, reshard=s.reshard_after_forward)  # fmt: skip
     rc = s.recompute
     act = u.act[int(rc)] * in_flight(s.schedule, stage=stage, pp=s.pp, m=m, v=s.virtual_stages)
     trans = (u.trans_full if rc == Recompute.FULL else u.trans_sel if rc == Recompute.SELECTIVE else 0.0) + u.trans_head
@@ -323,8 +414,13 @@ def estimate(
     stages: Stages | None = None,
     eff: Efficiency = DEFAULT_EFFICIENCY,
     overlap_grad_sync: bool = True,
+    attn_flops: AttnFlops = AttnFlops.FULL,
 ) -> Estimate:
-    """Estimate one strategy. ``stages`` defaults to ``uniform_stages`` on the first group."""
+    """Estimate one strategy. ``stages`` defaults to ``uniform_stages`` on the first group.
+
+    ``attn_flops`` is the convention of the *model* FLOPs (MFU, model TFLOP/s; ``workload.AttnFlops``);
+    hardware TFLOP/s count what the kernels execute (recomputation included; a causal flash kernel
+    does half the square, an unfused one all of it)."""
     check(model, s, cluster, global_batch, stages)
     m = global_batch // (s.dp * s.micro_batch)
     st = stages or uniform_stages(model, s.pp)
@@ -332,34 +428,43 @@ def estimate(
     dims = _dims(s)
     rc = s.recompute
     per_stage: list[dict[str, float]] = []
+    stage_args: list[tuple[int, NodeGroup, UnitTable, StageSums]] = []
     mem_tot: list[float] = []
     sums: list[StageSums] = []
     tails: list[float] = []
     hw_flops = 0.0
-    mf = 0.0
     peak = 0.0
-    seen: dict[tuple, dict[str, float]] = {}
     for i in range(pp):
         gi = st.groups[i]
         grp = cluster.groups[gi]
-        tab = unit_table(model, s.micro_batch, s.tp, s.sequence_parallel, s.cp, grp.gpu, eff)
+        tab = unit_table(model, s.micro_batch, s.tp, s.sequence_parallel, s.cp, grp.gpu, eff, s.ep, s.precision == "fp8")
         a, b = st.bounds[i], st.bounds[i + 1]
         u = stage_sums(tab, a, b)
         prev = (st.groups[i - 1], float(tab.out_bytes[a - 1])) if i > 0 else None
         nxt = st.groups[i + 1] if i + 1 < pp else None
-        key = (u, gi, prev, nxt)
-        d = seen.get(key)
-        if d is None:
-            d = seen[key] = _stage_time(s, dims, cluster, st, i, grp, tab, u, eff, overlap_grad_sync)
+        # a stage's terms do not depend on the schedule beyond v: cache them on the table across estimates
+        key = ("stage", u.f, u.b, u.params, u.largest, u.out_last, a == 0, gi, prev, nxt, s.dp, s.tp, s.pp, s.cp, s.recompute, s.sequence_parallel, s.zero, s.placement,
+               s.ep, s.reshard_after_forward, s.shard_group, s.cp_mode, s.comm_overlap, v, overlap_grad_sync, cluster)  # fmt: skip
+        hit = tab.cache.get(key)
+        if hit is None:
+            hit = tab.cache[key] = _stage_time(s, dims, cluster, st, i, grp, tab, u, eff, overlap_grad_sync)
+        d = hit[0]
         per_stage.append(d)
+        stage_args.append((i, grp, tab, u))
         tails.append(d["dp"] + d["opt"])
         sums.append(u)
-        mem_tot.append(_memory_total(u, s, i, m))
-        mf_i = u.model_flops * 3
+        mkey = ("mem", u.params, u.expert_params, u.largest, u.act, u.trans_full, u.trans_head, i, pp, m, v, s.schedule,
+                s.recompute, s.zero, s.shard, s.ep, s.reshard_after_forward)  # fmt: skip
+        mt = tab.cache.get(mkey)
+        if mt is None:
+            mt = tab.cache[mkey] = _memory(u, s, i, m).total
+        mem_tot.append(mt)
         extra = u.rc_flops_full if rc == Recompute.FULL else (u.core_flops if rc == Recompute.SELECTIVE and u.rc_sel > 0 else 0.0)
-        mf += mf_i * m * s.dp
-        hw_flops += (mf_i + extra) * m * s.dp
+        # u.model_flops: one micro-batch of one cp rank's sequence share, whole over tp; x cp x dp replicas
+        hw_flops += (3 * u.model_flops + extra) * m * s.dp * s.cp
         peak += grp.gpu.peak_tflops * s.dp * s.tp * s.cp
+    mf = (model.model_flops_per_sample(attn_flops) if isinstance(model, Transformer) else model.model_flops_per_sample())
+    mf *= global_batch
     ts = np.array([d["t"] for d in per_stage])
     tmax = float(ts.max())
     slow = int(ts.argmax())
@@ -376,17 +481,19 @@ def estimate(
     tail_i = int(np.argmax(tails))
     step = m * tmax + bubble + tails[tail_i]
     d = per_stage[slow]
-    breakdown = {
-        "compute": m * d["compute"],
-        "recompute": m * d["recompute"],
-        "tp_comm": m * d["tp_comm"],
-        "cp_comm": m * d["cp_comm"],
-        "pp_p2p": m * d["pp_p2p"],
-        "fsdp_comm": m * d["fsdp_comm"],
-        "pipeline_bubble": bubble,
-        "dp_sync_exposed": per_stage[tail_i]["dp"],
-        "optimizer": per_stage[tail_i]["opt"],
-    }
+    breakdown = {k: m * d[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "fsdp_comm")}
+    breakdown |= {"pipeline_bubble": bubble, "dp_sync_exposed": per_stage[tail_i]["dp"],
+                  "optimizer": per_stage[tail_i]["opt"]}  # fmt: skip
+    once = ("dp_sync_exposed", "optimizer")  # per step; the others per micro-batch
+
+    def terms_of(k: int) -> tuple[Term, ...]:
+        return _stage_time(s, dims, cluster, st, *stage_args[k], eff, overlap_grad_sync, want=True)[1]
+
+    terms = [t._replace(seconds=t.seconds * m, busy_s=t.busy_s * m, times=t.times * m, flops=t.flops * m)
+             for t in terms_of(slow) if t.name not in once]  # fmt: skip
+    note = f"beta={beta:.3g} x (sum of stage times {float(ts.sum()):.4g} s - slowest {tmax:.4g} s)"
+    terms.append(Term("pipeline_bubble", bubble, bubble, pp - 1, 0.0, "-", 0.0, 1.0, 0.0, note))
+    terms += [t for t in terms_of(tail_i) if t.name in once]
     n = s.world
     caps = [cluster.groups[g].gpu.mem_gib * GIB for g in st.groups]
     worst = max(range(pp), key=lambda k: mem_tot[k] / caps[k])
@@ -395,18 +502,18 @@ def estimate(
     for k in range(pp):
         if mem_tot[k] > caps[k]:
             mk = _memory(sums[k], s, k, m)
+            big = mk.largest()
             overflow = (
                 f"stage {k} needs {mk.total / GIB:.1f} GiB > {caps[k] / GIB:g} GiB on "
-                f"{cluster.groups[st.groups[k]].gpu.name} (largest: {mk.largest()} "
-                f"{mk.as_gib()[mk.largest()]:.1f} GiB)"
+                f"{cluster.groups[st.groups[k]].gpu.name}, {(mk.total - caps[k]) / GIB:.1f} GiB over "
+                f"(largest term: {big} {mk.as_gib()[big]:.1f} GiB)"
             )
             break
-    model_tf = mf / step / n / 1e12
     return Estimate(
         strategy=s,
         stages=st,
         step_s=step,
-        model_tflops_per_gpu=model_tf,
+        model_tflops_per_gpu=mf / step / n / 1e12,
         hardware_tflops_per_gpu=hw_flops / step / n / 1e12,
         mfu=mf / step / (peak * 1e12),
         memory_gib_per_gpu=max(mem_tot) / GIB,
@@ -419,30 +526,113 @@ def estimate(
         gpus_used=n,
         stage_step_s=tuple(float(x) for x in ts),
         stage_terms=tuple(per_stage),
+        terms=tuple(terms),
+        model_flops=mf,
+        attn_flops=attn_flops.value,
     )
+
+
+def _link(bw: float, nv: bool, eff: Efficiency) -> tuple[str, float]:
+    return ("nvlink", eff.nvlink) if nv else ("network", eff.network)
+
+
+def _coll_vec(moved: np.ndarray, bw_gbps: float, nv: bool, n: int, eff: Efficiency) -> np.ndarray:
+    """``comm.collective_s`` over an array of per-GPU byte counts."""
+    if n <= 1:
+        return np.zeros_like(moved)
+    e = eff.nvlink if nv else eff.network
+    lat = (eff.comm_latency_us * 0.5 * math.log2(2 * n) + eff.ring_hop_us * (n - 1)) * 1e-6
+    return np.where(moved > 0, moved / (bw_gbps * 1e9 * e) + lat, 0.0)
+
+
+def _a2a_stage_s(sent: np.ndarray, cnt: np.ndarray, ep: int, per_node: int, gpu: Gpu, eff: Efficiency) -> float:
+    """Seconds of ``cnt[l]`` all-to-alls of ``sent[l]`` bytes per layer (layers share a few sizes)."""
+    sizes, inv = np.unique(sent, return_inverse=True)
+    one = np.array([all_to_all_s(float(x), ep, per_node, gpu.nvlink_gbps, gpu.nic_gbps, eff) for x in sizes])
+    return float(np.dot(cnt, one[inv]))
+
+
+def _overlapped(busy: float, compute: float, eff: Efficiency) -> float:
+    """Exposed part of ``busy`` seconds of communication overlapped with ``compute``: at least
+    ``1 - overlap`` of it (the pieces no GEMM covers), more when compute is too short to cover it."""
+    return max(busy * (1 - eff.overlap), busy - eff.overlap * compute)
+
+
+def _dpc_stride(s: Strategy, dims: dict[str, tuple[int, int]]) -> int:
+    """Rank stride of the ``dp * cp`` group (cp and dp adjacent in the default placement)."""
+    if s.cp > 1 and s.placement == PLACEMENTS[0]:
+        return dims["cp"][1]
+    return dims["dp"][1]
 
 
 def _stage_time(
     s: Strategy, dims: dict[str, tuple[int, int]], cluster: Cluster, st: Stages, i: int, grp: NodeGroup,
-    tab: UnitTable, u: StageSums, eff: Efficiency, overlap_grad_sync: bool,
-) -> dict[str, float]:
-    """Per-micro-batch time terms of stage ``i`` and its after-pipeline tail (DP sync, optimizer)."""
+    tab: UnitTable, u: StageSums, eff: Efficiency, overlap_grad_sync: bool, want: bool = False,
+) -> tuple[dict[str, float], tuple[Term, ...]]:
+    """Per-micro-batch time terms of stage ``i`` and its after-pipeline tail (DP sync, optimizer); with
+    ``want`` also the ``Term`` records with their inputs (only the slowest and tail stages need them)."""
     rc = s.recompute
     pp, v = s.pp, s.virtual_stages
+    lo, hi = u.lo, u.hi
+    gpu = grp.gpu
     f, bw = u.f, u.b
     rct = u.rc_full if rc == Recompute.FULL else (u.rc_sel if rc == Recompute.SELECTIVE else 0.0)
+    fwd_passes = 2 if rc == Recompute.FULL else 1  # forward-side communication repeats when recomputed
+    flops = 3 * u.model_flops / s.tp
+    achieved = flops / max(1e-12, f + bw) / (gpu.peak_tflops * 1e12)
+    terms: list[Term] = []
+    if want:
+        terms.append(Term("compute", f + bw, f + bw, 1, 0.0, "tensor cores", gpu.peak_tflops, achieved, flops,
+                          f"forward {f:.4g} s + backward {bw:.4g} s (roofline per operator, optime)"))  # fmt: skip
+    if rct:
+        if want:
+            terms.append(Term("recompute", rct, rct, 1, 0.0, "tensor cores", gpu.peak_tflops, 0.0, 0.0, rc.name.lower()))
     # tensor-parallel collectives
     t_tp = 0.0
     if s.tp > 1:
         tp_bw, tp_nv = group_bw(s.tp, dims["tp"][1], grp)
         n_coll = u.n_coll * 2 + (u.n_coll_rc if rc == Recompute.FULL else 0.0)
-        t_tp = n_coll * ring_allreduce_s(tab.tp_bytes, s.tp, tp_bw, eff, on_nvlink=tp_nv)
-    # context parallel: K/V all-gather forward, reduce-scatter of their grads backward, behind attention
+        busy_tp = n_coll * ring_allreduce_s(tab.tp_bytes, s.tp, tp_bw, eff, on_nvlink=tp_nv)
+        t_tp = _overlapped(busy_tp, f + bw, eff) if s.comm_overlap else busy_tp
+        ln, e = _link(tp_bw, tp_nv, eff)
+        if want:
+            how = f"overlapped with the GEMMs ({eff.overlap:g} hidden at most)" if s.comm_overlap else "not overlapped"
+            terms.append(Term("tp_comm", t_tp, busy_tp, n_coll, tab.tp_bytes, ln, tp_bw, e, 0.0,
+                              f"ring all-reduce (or RS+AG under SP) over tp={s.tp}, {how}"))  # fmt: skip
+    # context parallel: ring (overlapped per step) or all-gather (exposed) attention
     t_cp = 0.0
-    if s.cp > 1:
+    if s.cp > 1 and u.cp_kv > 0:
         cp_bw, cp_nv = group_bw(s.cp, dims["cp"][1], grp)
-        comm = 3 * gather_s(u.cp_kv * s.cp / (s.cp - 1), s.cp, cp_bw, eff, on_nvlink=cp_nv)
-        t_cp = max(0.0, comm - 3 * u.rc_sel)
+        if s.cp_mode == "ring" and not cp_nv:
+            cp_bw = min(gpu.nvlink_gbps, gpu.nic_gbps)  # each step's slowest hop leaves the node on one NIC
+        chunk = tab.cp_bytes[lo:hi] / (s.cp - 1)
+        if s.cp_mode == "ring":
+            ct = ring_attention_s(chunk, tab.attn_fwd[lo:hi], s.cp, cp_bw, eff, on_nvlink=cp_nv)
+        else:
+            ct = allgather_attention_s(chunk, s.cp, cp_bw, eff, on_nvlink=cp_nv)
+        has = chunk > 0
+        cf, cb, busy = (float(np.sum(np.where(has, x, 0.0))) for x in (ct.fwd, ct.bwd, ct.busy))
+        t_cp = fwd_passes * cf + cb
+        ln, e = _link(cp_bw, cp_nv, eff)
+        if want:
+            terms.append(Term("cp_comm", t_cp, busy + (fwd_passes - 1) * cf, float(has.sum()) * ct.steps * (fwd_passes + 1),
+                              float(chunk.max()), ln, cp_bw, e, 0.0,
+                              f"{s.cp_mode} attention over cp={s.cp}: {ct.steps} step(s) per pass, K/V chunk per step; "
+                              f"forward exposed {cf:.4g} s, backward {cb:.4g} s per micro-batch"))  # fmt: skip
+    # expert all-to-all (dispatch + combine, forward and backward), not overlapped
+    t_ep = 0.0
+    if s.ep > 1:
+        stride = dims["dp"][1]
+        per_node = min(s.ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
+        cnt = tab.a2a_count[lo:hi] * (fwd_passes + 1)
+        sent = tab.a2a_bytes[lo:hi]
+        t_ep = _a2a_stage_s(sent, cnt, s.ep, per_node, gpu, eff)
+        where = "within a node" if per_node >= s.ep else f"{per_node} per node, the rest over the NIC"
+        if want:
+            terms.append(Term("ep_comm", t_ep, t_ep, float(cnt.sum()), float(sent.max()), "nvlink+network",
+                              gpu.nic_gbps if per_node < s.ep else gpu.nvlink_gbps,
+                              eff.network if per_node < s.ep else eff.nvlink, 0.0,
+                              f"all-to-all over ep={s.ep} ({where}), not overlapped"))  # fmt: skip
     # pipeline point-to-point (scatter/gather: 1/tp of the activation per GPU)
     t_p2p = p2p_next = 0.0
     if pp > 1:
@@ -454,42 +644,84 @@ def _stage_time(
         if i > 0:
             bw_g, nv = _p2p_bw(s, dims, cluster, st, i, i - 1)
             t_p2p += v * p2p_s(float(tab.out_bytes[st.bounds[i] - 1]) / div, bw_g, eff, on_nvlink=nv)
-    # data parallel
-    grad_bytes = 2.0 * u.params
-    t_z3 = t_dp = t_dp_full = 0.0
-    if s.dp > 1:
-        dp_bw, dp_nv = group_bw(s.dp, dims["dp"][1], grp)
-        if s.zero == 3:
-            comm = 3 * gather_s(grad_bytes, s.dp, dp_bw, eff, on_nvlink=dp_nv)
-            t_z3 = max(0.0, comm - 0.8 * (f + bw))
+        busy_p2p = t_p2p
+        if s.comm_overlap:
+            t_p2p = _overlapped(busy_p2p, f + bw, eff)
+        ln, e = _link(bw_g, nv, eff)
+        if want:
+            terms.append(Term("pp_p2p", t_p2p, busy_p2p, 2 * v, u.out_last / div, ln, bw_g, e, 0.0,
+                              "activation forward, gradient backward, "
+                              + ("overlapped with compute" if s.comm_overlap else "blocking")))  # fmt: skip
+    # data parallel: sharded gathers/reduce-scatters per micro-batch, gradient sync per step
+    experts = u.expert_params
+    dense = u.params - experts
+    sd = s.shard
+    se = max(1, sd // s.ep)
+    base = _dpc_stride(s, dims)
+    bw_d, nv_d = group_bw(sd, base, grp)
+    bw_e, nv_e = group_bw(se, base * s.ep, grp) if experts else (bw_d, nv_d)
+    t_z = 0.0
+    if s.zero >= 2 and sd > 1:
+        ck = ("fsdp", u.f, u.b, u.params, u.largest, lo == 0, s.zero, s.reshard_after_forward, rc == Recompute.FULL, sd, se, bw_d, nv_d, bw_e, nv_e, eff)
+        hit = tab.cache.get(ck)  # the same stage recurs across schedules, placements and recomputation levels
+        if hit is None:
+            moved_d = PARAM_BYTES * (tab.params[lo:hi] - tab.expert_params[lo:hi]) * (sd - 1) / sd
+            moved_e = PARAM_BYTES * tab.expert_params[lo:hi] * (se - 1) / se
+            per_layer = _coll_vec(moved_d, bw_d, nv_d, sd, eff) + _coll_vec(moved_e, bw_e, nv_e, se, eff)
+            ag = per_layer if s.zero == 3 else np.zeros_like(per_layer)
+            b_u = tab.bwd[lo:hi] + (tab.rc_full[lo:hi] if rc == Recompute.FULL else 0.0)
+            zf, zb = fsdp_pass_s(tab.fwd[lo:hi], b_u, ag, per_layer, zero=s.zero, reshard=s.reshard_after_forward,
+                                 overlap=eff.overlap)  # fmt: skip
+            hit = tab.cache[ck] = (zf, zb, float(per_layer.sum()), len(per_layer), float((moved_d + moved_e).max()))
+        zf, zb, coll_sum, n_layers, biggest = hit
+        t_z = zf + zb
+        if want:
+            n_coll = n_layers * (1 + (s.zero == 3) * (1 + s.reshard_after_forward))
+            busy = coll_sum * n_coll / max(1, n_layers)
+            ln, e = _link(bw_d, nv_d, eff)
+            what = {2: "RS grads", 3: "AG fwd + AG bwd + RS" if s.reshard_after_forward else "AG fwd + RS"}[s.zero]
+            terms.append(Term("fsdp_comm", t_z, busy, n_coll, biggest, ln, bw_d, e, 0.0,
+                              f"ZeRO-{s.zero} per layer per micro-batch ({what}) over {sd} ranks (bus bandwidth "
+                              f"min(NVLink, NIC x ranks per node)), one layer prefetched, hidden behind "
+                              f"{eff.overlap:g} x compute; forward exposed {zf:.4g} s, backward {zb:.4g} s"))  # fmt: skip
+    grad_bytes = GRAD_BYTES * dense
+    t_dp = t_dp_full = 0.0
+    window = bw if overlap_grad_sync else 0.0
+    if s.zero < 3 and s.dpc > 1:
+        t_ar = t_dp_full = ring_allreduce_s(grad_bytes, s.dpc, bw_d, eff, on_nvlink=nv_d) + ring_allreduce_s(
+            GRAD_BYTES * experts, s.dpc // s.ep, bw_e, eff, on_nvlink=nv_e)
+        if s.zero == 0:
+            t_dp = max(0.0, t_ar - window)
+        elif s.zero == 1:
+            t_dp = max(0.0, t_ar / 2 - window) + t_ar / 2
         else:
-            t_ar = t_dp_full = ring_allreduce_s(grad_bytes, s.dp, dp_bw, eff, on_nvlink=dp_nv)
-            window = bw if overlap_grad_sync else 0.0
-            t_dp = max(0.0, t_ar - window) if s.zero == 0 else max(0.0, t_ar / 2 - window) + t_ar / 2
-    local_params = u.params / s.dp if s.zero >= 1 else u.params
-    t_opt = OPTIM_TRAFFIC_BYTES * local_params / (grp.gpu.hbm_gbps * 1e9 * eff.mem) + 20 * eff.launch_us * 1e-6
+            t_dp = t_ar / 2  # weight all-gather after the optimizer step; gradients went per micro-batch
+        what = {0: "all-reduce behind the last backward", 1: "reduce-scatter behind the last backward + all-gather",
+                2: "weight all-gather after the optimizer"}[s.zero]  # fmt: skip
+    elif s.zero == 3 and s.dpc // sd > 1:  # hybrid: all-reduce the gradient shards across replicas
+        r = s.dpc // sd
+        bw_r, nv_r = group_bw(r, base * sd, grp)
+        t_dp_full = ring_allreduce_s(grad_bytes / sd, r, bw_r, eff, on_nvlink=nv_r)
+        t_dp = max(0.0, t_dp_full - window)
+        what = f"all-reduce of the gradient shard across {r} replicas"
+    else:
+        what = "none"
+    ln, e = _link(bw_d, nv_d, eff)
+    if want:
+        terms.append(Term("dp_sync_exposed", t_dp, t_dp_full, 1, grad_bytes, ln, bw_d, e, 0.0,
+                          f"once per step over dp*cp={s.dpc}: {what}"))  # fmt: skip
+    local = dense / sd + experts / se if s.zero >= 1 else dense + experts
+    t_opt = OPTIM_TRAFFIC_BYTES * local / (gpu.hbm_gbps * 1e9 * eff.mem) + 20 * eff.launch_us * 1e-6
+    if want:
+        terms.append(Term("optimizer", t_opt, t_opt, 1, OPTIM_TRAFFIC_BYTES * local, "hbm", gpu.hbm_gbps, eff.mem, 0.0,
+                          f"Adam over {local / 1e6:.1f} M local parameters"))  # fmt: skip
     n_fwd = u.n_coll
     n_all = u.n_coll * 2 + (u.n_coll_rc if rc == Recompute.FULL else 0.0)
-    return dict(t=f + bw + rct + t_tp + t_cp + t_p2p + t_z3, compute=f + bw, recompute=rct, tp_comm=t_tp,
-                cp_comm=t_cp, pp_p2p=t_p2p, fsdp_comm=t_z3, f=f, b=bw, dp=t_dp, opt=t_opt,
-                p2p_next=p2p_next, tp_fwd_frac=n_fwd / n_all if n_all else 0.5, dp_full=t_dp_full)
-
-
-def _memory_total(u: StageSums, s: Strategy, stage: int, m: int) -> float:
-    from trainsim.plan.memory import FRAG, WORKSPACE_GIB, in_flight
-
-    p = u.params
-    w, g, o = 2.0 * p, 2.0 * p, 12.0 * p
-    if s.zero >= 1:
-        o /= s.dp
-    if s.zero >= 2:
-        g /= s.dp
-    if s.zero >= 3:
-        w = w / s.dp + 4.0 * u.largest
-    rc = s.recompute
-    act = u.act[int(rc)] * in_flight(s.schedule, stage=stage, pp=s.pp, m=m, v=s.virtual_stages)
-    trans = (u.trans_full if rc == Recompute.FULL else u.trans_sel if rc == Recompute.SELECTIVE else 0.0) + u.trans_head
-    return w + g + o + act * (1 + FRAG) + trans + WORKSPACE_GIB * GIB
+    d = dict(t=f + bw + rct + t_tp + t_cp + t_ep + t_p2p + t_z, compute=f + bw, recompute=rct, tp_comm=t_tp,
+             cp_comm=t_cp, ep_comm=t_ep, pp_p2p=t_p2p, fsdp_comm=t_z, f=f, b=bw, dp=t_dp, opt=t_opt,
+             p2p_next=p2p_next, tp_fwd_frac=n_fwd / n_all if n_all else 0.5, dp_full=t_dp_full,
+             fwd_frac=1.0 / (fwd_passes + 1))  # fmt: skip
+    return d, tuple(terms)
 
 
 def _p2p_bw(s: Strategy, dims: dict[str, tuple[int, int]], cluster: Cluster, st: Stages, i: int, j: int) -> tuple[float, bool]:
@@ -515,13 +747,19 @@ def check(model: Model, s: Strategy, cluster: Cluster, global_batch: int, stages
             f"global batch {global_batch} is not divisible by dp*micro_batch = {s.dp}*{s.micro_batch}"
         )
     if isinstance(model, Transformer) and s.cp > 1 and model.seq % (2 * s.cp):
-        raise UserError(f"cp={s.cp}: sequence {model.seq} must be divisible by 2*cp (load-balanced causal split)")
+        raise UserError(
+            f"--cp {s.cp} does not divide the sequence length {model.seq} into 2*cp chunks (load-balanced causal split)"
+        )
     if s.schedule == "interleaved" and s.virtual_stages > 1:
+        # uneven chunks are allowed (Llama 3 takes a layer off the first and last stage); none may be empty
         blocks = model.layers if isinstance(model, Transformer) else model.n_units
-        if blocks % (s.pp * s.virtual_stages):
+        if blocks < s.pp * s.virtual_stages:
             raise UserError(
-                f"interleaved schedule: layers {blocks} not divisible by pp*virtual_stages = {s.pp}*{s.virtual_stages}"
+                f"--virtual-stages {s.virtual_stages}: pp*virtual_stages = {s.pp}*{s.virtual_stages} exceeds the "
+                f"{blocks} layers (every model chunk needs a layer)"
             )
+    if isinstance(model, Transformer):
+        model.check_ep(s.ep)
     if stages is None:
         if s.world > cluster.groups[0].count:
             raise UserError(
@@ -548,6 +786,17 @@ def resolve_world(n_gpus: int, tp: int, pp: int, cp: int) -> int:
     return n_gpus // denom
 
 
+def with_attn_flops(e: Estimate, model: Model, conv: AttnFlops, global_batch: int) -> Estimate:
+    """``e`` with its model FLOPs (model TFLOP/s, MFU) counted under another attention convention."""
+    from dataclasses import replace
+
+    if not isinstance(model, Transformer) or conv.value == e.attn_flops:
+        return e
+    mf = model.model_flops_per_sample(conv) * global_batch
+    k = mf / e.model_flops if e.model_flops else 1.0
+    return replace(e, model_flops=mf, model_tflops_per_gpu=e.model_tflops_per_gpu * k, mfu=e.mfu * k, attn_flops=conv.value)
+
+
 def best_micro_batch(
     model: Model,
     base: Strategy,
@@ -557,6 +806,7 @@ def best_micro_batch(
     candidates: Sequence[int] = (1, 2, 4, 8, 16, 32),
     virtual: Sequence[int] | None = None,
     eff: Efficiency = DEFAULT_EFFICIENCY,
+    attn_flops: AttnFlops = AttnFlops.FULL,
 ) -> Estimate:
     """The fastest fitting estimate over micro-batch sizes (and virtual stages when ``virtual``)."""
     from dataclasses import replace
@@ -571,11 +821,12 @@ def best_micro_batch(
         for v in virtual or (base.virtual_stages,):
             s = replace(base, micro_batch=mb, virtual_stages=v)
             try:
-                e = estimate(model, s, cluster, global_batch=global_batch, eff=eff)
+                e = estimate(model, s, cluster, global_batch=global_batch, eff=eff, attn_flops=attn_flops)
             except UserError:
                 continue
             if best is None or (e.fits, -e.step_s) > (best.fits, -best.step_s):
                 best = e
     if best is None:
-        return estimate(model, replace(base, micro_batch=1), cluster, global_batch=global_batch, eff=eff)
+        return estimate(model, replace(base, micro_batch=1), cluster, global_batch=global_batch, eff=eff,
+                        attn_flops=attn_flops)
     return best

@@ -8,9 +8,11 @@ Terms (bytes, one GPU):
 
 - **weights** 2 B/param (16-bit), **gradients** 2 B/param, **optimizer** 12 B/param (fp32 master copy,
   Adam m and v): the 16 B/param of mixed-precision Adam in ZeRO (Rajbhandari et al., SC'20, §3.1, K=12).
-- **ZeRO** stage 1 shards the optimizer states over data parallelism, stage 2 also the gradients,
-  stage 3 (= FSDP full sharding) also the weights, plus an unsharded working copy of the two largest
-  layers (the one running and the one prefetched).
+- **ZeRO** stage 1 shards the optimizer states over data parallelism (``dp * cp`` ranks, or the hybrid
+  shard group), stage 2 also the gradients, stage 3 (= FSDP full sharding) also the weights, plus an
+  unsharded working copy of the two largest layers (the one running and the one prefetched); without
+  resharding after forward, the whole stage's weights stay gathered. Expert weights are sharded over
+  the ``dp / ep`` ranks that hold the same experts.
 - **activations**: the bytes each layer saves per micro-batch (``workload``; Korthikanti et al. §4)
   times the micro-batches in flight on this stage (``in_flight``), plus the transient bytes of the
   layer running backward (the recomputed layer under full recomputation, the attention core under
@@ -77,17 +79,32 @@ class Memory:
         return max(d, key=lambda k: d[k])
 
 
-def static_bytes(params: float, *, zero: int, dp: int, largest_layer_params: float = 0.0) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes for ``params`` parameters on this GPU."""
+def static_bytes(
+    params: float, *, zero: int, dp: int, largest_layer_params: float = 0.0, expert_params: float = 0.0, ep: int = 1,
+    reshard: bool = True,
+) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes for ``params`` parameters on this GPU.
+
+    ``dp`` is the number of ranks a ZeRO shard is split over; ``expert_params`` of the ``params`` are
+    experts, replicated on only ``dp / ep`` of those ranks and so sharded ``dp / ep`` ways. ZeRO-3 keeps
+    two layers unsharded (the one running and the one prefetched) when it reshards after forward, and
+    every layer of the stage from forward to backward when it does not (FSDP SHARD_GRAD_OP).
+    """
+    dense = params - expert_params
+    d_e = max(1, dp // ep)
+
+    def sharded(per_param: float) -> float:
+        return per_param * (dense / dp + expert_params / d_e)
+
     w = WEIGHT_BYTES * params
     g = GRAD_BYTES * params
     o = OPTIM_BYTES * params
     if zero >= 1:
-        o /= dp
+        o = sharded(OPTIM_BYTES)
     if zero >= 2:
-        g /= dp
+        g = sharded(GRAD_BYTES)
     if zero >= 3:
-        w = w / dp + 2 * WEIGHT_BYTES * largest_layer_params
+        w = sharded(WEIGHT_BYTES) + 2 * WEIGHT_BYTES * largest_layer_params if reshard else WEIGHT_BYTES * params
     return w, g, o
 
 

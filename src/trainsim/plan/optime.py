@@ -45,19 +45,39 @@ class Efficiency:
     """GEMM size (GFLOP per launch) at which half of gemm_max is reached (calibrated)"""
     attn_scale: float = 0.75
     """attention matmuls reach this fraction of an equal-sized GEMM (short k=head_dim, batched): assumption"""
+    flash_scale: float = 0.55
+    """a fused attention kernel reaches this fraction of an equal-sized GEMM's efficiency; fitted in-sample
+    on the development set (benchmarks/plan_devset.py, all 35 rows: 0.546), which Table 1 (unfused) cannot
+    constrain"""
     mem: float = 0.80
     """fraction of HBM bandwidth for elementwise kernels; A100 STREAM-like copies reach ~0.8-0.9 (assumption)"""
     nvlink: float = 0.65
     """NCCL bus bandwidth / NVLink datasheet; calculon systems/a100_80g.json uses 0.65 for 8 GPUs"""
     network: float = 0.90
     """NCCL bus bandwidth / NIC line rate; calculon systems/a100_80g.json uses 0.9 for InfiniBand"""
+    hopper_scale: float = 0.73
+    """Hopper GPUs (those with FP8 tensor cores) reach this fraction of the A100-calibrated matmul
+    efficiency: sustained clocks under training load sit below the boost clock the datasheet peak assumes,
+    and HBM feeds fewer bytes per FLOP. Fitted in-sample on the development set (benchmarks/plan_devset.py,
+    all 35 rows: 0.732); Table 1 (A100) cannot constrain it"""
+    fp8_scale: float = 1.0
+    """FP8 GEMMs reach this fraction of the 16-bit efficiency at twice the peak; fitted in-sample on the
+    development set (all rows: 0.994, the top of its range)"""
+    overlap: float = 0.85
+    """fraction of a layer's compute that can hide a concurrent collective (FSDP prefetch, ring-attention
+    steps, --comm-overlap): NCCL kernels take SMs and memory bandwidth from the GEMMs they overlap. An
+    assumption: the development-set fit drives it to the top of its range (1.0), i.e. the data do not
+    bound it from above, and the more conservative value is kept"""
     launch_us: float = 4.0
     """fixed cost per kernel (launch + tail), microseconds (assumption)"""
     comm_latency_us: float = 10.0
     """fixed cost per collective or point-to-point transfer, microseconds (assumption)"""
+    ring_hop_us: float = 1.0
+    """latency of one step of a ring all-gather / reduce-scatter (n - 1 steps over n ranks); NCCL runs
+    these as rings, so their latency grows linearly with the group (assumption, order of NVLink/IB hops)"""
 
     def __post_init__(self) -> None:
-        for f in ("gemm_max", "attn_scale", "mem", "nvlink", "network"):
+        for f in ("gemm_max", "attn_scale", "flash_scale", "mem", "nvlink", "network", "overlap", "fp8_scale", "hopper_scale"):
             v = getattr(self, f)
             if not 0 < v <= 1.0:
                 raise ValueError(f"Efficiency.{f}={v}; expected a fraction in (0, 1]")
@@ -75,14 +95,27 @@ def gemm_efficiency(flops: float, eff: Efficiency) -> float:
     return eff.gemm_max * x / (x + eff.gemm_half_gflop)
 
 
-def op_time_s(op: Op, gpu: Gpu, eff: Efficiency) -> float:
-    """Forward time of one operator on ``gpu`` (seconds)."""
+def op_time_s(op: Op, gpu: Gpu, eff: Efficiency, fp8: bool = False) -> float:
+    """Forward time of one operator on ``gpu`` (seconds).
+
+    ``fp8``: linear layers (GEMM kind) run on the FP8 tensor cores at ``fp8_tflops`` times the 16-bit
+    efficiency times ``eff.fp8_scale`` (scaling, casts and amax bookkeeping); attention and elementwise
+    kernels stay 16-bit, as in Transformer Engine's FP8 recipes.
+    """
     t_mem = op.bytes / (gpu.hbm_gbps * 1e9 * eff.mem)
     if op.kind == OpKind.MEM:
         t = t_mem
     else:
-        e = gemm_efficiency(op.flops, eff) * (eff.attn_scale if op.kind == OpKind.ATTN else 1.0)
-        t = max(op.flops / (gpu.peak_tflops * 1e12 * e), t_mem)
+        # a batch of GEMMs (grouped expert GEMMs) reaches the efficiency of one of its members
+        size = op.flops / op.batch if op.kind == OpKind.GEMM else op.flops
+        scale = {OpKind.ATTN: eff.attn_scale, OpKind.FLASH: eff.flash_scale}.get(op.kind, 1.0)
+        e = gemm_efficiency(size, eff) * scale
+        if gpu.fp8_tflops:
+            e *= eff.hopper_scale
+        peak = gpu.peak_tflops
+        if fp8 and op.kind == OpKind.GEMM:
+            peak, e = gpu.fp8_tflops, e * eff.fp8_scale
+        t = max(op.flops / (peak * 1e12 * e), t_mem)
     return t + eff.launch_us * 1e-6
 
 
@@ -95,17 +128,17 @@ class LayerTime:
     core_fwd: float  # forward time of the attention core (what selective recomputation repeats)
 
 
-_LAYER_CACHE: dict[tuple[int, str, Efficiency], tuple[LayerCost, LayerTime]] = {}
+_LAYER_CACHE: dict[tuple[int, Gpu, Efficiency, bool], tuple[LayerCost, LayerTime]] = {}
 
 
-def layer_time(layer: LayerCost, gpu: Gpu, eff: Efficiency) -> LayerTime:
-    key = (id(layer), gpu.name, eff)
+def layer_time(layer: LayerCost, gpu: Gpu, eff: Efficiency, fp8: bool = False) -> LayerTime:
+    key = (id(layer), gpu, eff, fp8)
     hit = _LAYER_CACHE.get(key)
     if hit is not None and hit[0] is layer:
         return hit[1]
     fwd = bwd = core = 0.0
     for op in layer.ops:
-        t = op_time_s(op, gpu, eff)
+        t = op_time_s(op, gpu, eff, fp8)
         fwd += t
         bwd += t * op.bwd
         if op.core:
@@ -148,7 +181,7 @@ def op_features(ops: Sequence[Op]) -> np.ndarray:
         lm, ln, lk = (math.log10(max(v, 1)) for v in (op.m, op.n, op.k))
         rows.append(
             [1.0, lf, lb, lf * lf, lb * lb, lf * lb, lm, ln, lk, math.log10(max(op.batch, 1)),
-             float(op.kind == OpKind.GEMM), float(op.kind == OpKind.ATTN)]
+             float(op.kind == OpKind.GEMM), float(op.kind in (OpKind.ATTN, OpKind.FLASH))]
         )
     return np.asarray(rows, np.float64).reshape(-1, 12)
 

@@ -9,8 +9,9 @@
 
 Three methods, one cost model (``estimate.estimate``), so their plans compare like for like:
 
-- ``exhaustive``: every (tp, cp, pp, dp, micro-batch, schedule, virtual stages, recomputation,
-  sequence parallelism, ZeRO, placement) with Megatron's uniform stages; pruned by (1) a compute lower
+- ``exhaustive``: every (tp, cp, pp, dp, ep, micro-batch, schedule, virtual stages, recomputation,
+  sequence parallelism, ZeRO, placement) with Megatron's uniform stages, of the non-interleaved schedules
+  only the dominant one (``_dominant_schedules``); pruned by (1) a compute (+ expert all-to-all) lower
   bound against the k-th best so far, (2) recomputation tried from none to full and stopped at the
   first that fits (more recomputation only adds time), (3) ZeRO stages likewise. On a heterogeneous
   cluster it also enumerates every stage cut and GPU-kind assignment (small cases only): the reference
@@ -42,13 +43,15 @@ import numba
 import numpy as np
 
 from trainsim.errors import UserError
-from trainsim.plan.devices import Cluster
+from trainsim.plan.comm import all_to_all_s
+from trainsim.plan.devices import Cluster, NodeGroup
 from trainsim.plan.estimate import (
     PLACEMENTS,
     SCHEDULES,
     Estimate,
     Stages,
     Strategy,
+    UnitTable,
     estimate,
     group_bw,
     ring_allreduce_s,
@@ -79,6 +82,10 @@ class Space:
     recompute: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
     zero: tuple[int, ...] = (0, 1, 2, 3)
     placements: tuple[str, ...] = PLACEMENTS
+    ep: tuple[int, ...] | None = None
+    """expert-parallel degrees (MoE); default: powers of two dividing dp and the expert count"""
+    fsdp_reshard: tuple[bool, ...] = (True, False)
+    """ZeRO-3 with and without resharding after forward (with pipelining only without)"""
     sequence_parallel: tuple[bool, ...] = (True,)
     """with tp > 1; the estimate counts the same communication volume with or without SP and less
     memory and norm/dropout time with it, so SP dominates and the default tries only SP"""
@@ -128,12 +135,43 @@ def _schedules(model: Model, space: Space, pp: int) -> list[tuple[str, int]]:
     if pp == 1:
         return [("1f1b", 1)]
     blocks = model.layers if isinstance(model, Transformer) else model.n_units
+    out = [(sch, 1) for sch in _dominant_schedules([s for s in space.schedules if s != "interleaved"])]
+    if "interleaved" in space.schedules:
+        out += [("interleaved", v) for v in range(2, space.max_virtual + 1) if blocks >= pp * v]
+    return out
+
+
+def _a2a_bound(tab: UnitTable, a: int, b: int, ep: int, stride: int, grp: NodeGroup, eff: Efficiency) -> float:
+    """Expert all-to-all seconds per micro-batch of units a..b (forward and backward, never overlapped):
+    part of any strategy's step with this ``ep``, so it tightens the compute lower bound."""
+    if ep <= 1:
+        return 0.0
+    per_node = min(ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
+    sent, cnt = tab.a2a_bytes[a:b], 2 * tab.a2a_count[a:b]
+    sizes, inv = np.unique(sent, return_inverse=True)
+    one = np.array([all_to_all_s(float(x), ep, per_node, grp.gpu.nvlink_gbps, grp.gpu.nic_gbps, eff) for x in sizes])
+    return float(np.dot(cnt, one[inv]))
+
+
+def _ep_choices(model: Model, space: Space, dp: int) -> list[int]:
+    """Expert-parallel degrees: powers of two dividing both dp and the expert count (1 for dense models)."""
+    if not isinstance(model, Transformer) or not model.experts:
+        return [1]
+    if space.ep is not None:
+        return [e for e in space.ep if dp % e == 0 and model.experts % e == 0]
+    return [e for e in _pow2_upto(min(dp, model.experts)) if dp % e == 0 and model.experts % e == 0]
+
+
+def _sharding_variants(space: Space, dpc: int, pp: int) -> list[tuple[int, bool]]:
+    """(ZeRO stage, reshard after forward) pairs to try: ZeRO-3 without resharding too, and only that with pp > 1."""
+    if dpc == 1:
+        return [(0, True)]
     out = []
-    for sch in space.schedules:
-        if sch == "interleaved":
-            out += [("interleaved", v) for v in range(2, space.max_virtual + 1) if blocks % (pp * v) == 0]
-        else:
-            out.append((sch, 1))
+    for z in space.zero:
+        if z < 3:
+            out.append((z, True))
+            continue
+        out += [(3, r) for r in space.fsdp_reshard if pp == 1 or not r]
     return out
 
 
@@ -183,29 +221,32 @@ def exhaustive(
                         continue
                     outer.append((tp, cp, pp, w // (tp * cp * pp)))
     min_static = math.inf
+    flash = isinstance(model, Transformer) and model.flash_attention
     for idx, (tp, cp, pp, dp) in enumerate(outer):
         if progress:
             progress(idx, len(outer))
         if global_batch % dp:
             continue
         sub = Cluster(groups=(replace(grp, count=tp * cp * pp * dp) if tp * cp * pp * dp < n else grp,))
-        for mb in space.micro_batch:
+        for mb, ep in itertools.product(space.micro_batch, _ep_choices(model, space, dp)):
             if (global_batch // dp) % mb:
                 continue
             m = global_batch // (dp * mb)
             try:
-                tab = unit_table(model, mb, tp, tp > 1, cp, grp.gpu, eff)
+                tab = unit_table(model, mb, tp, tp > 1, cp, grp.gpu, eff, ep)
             except UserError:
-                break
+                continue
             st = uniform_stages(model, pp)
             # lower bound: compute of the slowest stage for m micro-batches, no communication, no bubble
-            lb = m * max(float(tab.fwd[a:b].sum() + tab.bwd[a:b].sum()) for a, b in zip(st.bounds, st.bounds[1:], strict=False))
+            lb = m * max(float(tab.fwd[a:b].sum() + tab.bwd[a:b].sum()) + _a2a_bound(tab, a, b, ep, tp * cp, grp, eff)
+                         for a, b in zip(st.bounds, st.bounds[1:], strict=False))  # fmt: skip
             if lb >= top.bound():
                 res.pruned += 1
                 continue
             # static-memory lower bound with the strongest sharding
             p_stage = max(float(tab.params[a:b].sum()) for a, b in zip(st.bounds, st.bounds[1:], strict=False))
-            need = sum(static_bytes(p_stage, zero=max(space.zero), dp=dp))
+            e_stage = max(float(tab.expert_params[a:b].sum()) for a, b in zip(st.bounds, st.bounds[1:], strict=False))
+            need = sum(static_bytes(p_stage, zero=max(space.zero), dp=dp * cp, expert_params=e_stage, ep=ep))
             min_static = min(min_static, need)
             if need > grp.gpu.mem_gib * GIB:
                 res.pruned += 1
@@ -214,18 +255,20 @@ def exhaustive(
                 for place in space.placements if pp > 1 and dp > 1 else space.placements[:1]:
                     for sp in space.sequence_parallel if tp > 1 else (False,):
                         first_fit: dict[int, int] = {}  # zero stage -> recompute level that first fitted
-                        for zero in space.zero if dp > 1 else (0,):
-                            # ZeRO-2 costs the same time as ZeRO-1 here with less memory: only try
-                            # recomputation levels below the one at which ZeRO-1 already fitted
+                        for zero, reshard in _sharding_variants(space, dp * cp, pp):
+                            # ZeRO-2 is never faster than ZeRO-1 (it adds a reduce-scatter per micro-batch) and
+                            # saves memory: only try recomputation levels below the one at which ZeRO-1 fitted
                             rc_limit = first_fit.get(1, 99) if zero == 2 else 99
                             for rc in space.recompute:
                                 if int(rc) >= rc_limit:
                                     res.pruned += 1
                                     break
-                                s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, schedule=sch,
-                                             virtual_stages=v, recompute=rc, sequence_parallel=sp, zero=zero,
-                                             placement=place)
+                                if rc == Recompute.SELECTIVE and flash:
+                                    continue  # a fused attention core keeps nothing to recompute: same as none
                                 try:
+                                    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, schedule=sch,
+                                                 virtual_stages=v, recompute=rc, sequence_parallel=sp, zero=zero,
+                                                 placement=place, ep=ep, reshard_after_forward=reshard)  # fmt: skip
                                     e = estimate(model, s, sub, global_batch=global_batch, eff=eff)
                                 except UserError:
                                     res.pruned += 1
@@ -516,8 +559,6 @@ def _outer(model: Model, cluster: Cluster, global_batch: int, space: Space) -> l
                         continue
                     for sch in _dominant_schedules(space.schedules):
                         zeros = {z for z in space.zero if dp > 1 or z == 0} or {0}
-                        if 1 in zeros:
-                            zeros.discard(2)  # same time as ZeRO-1 in this model; the DP checks memory per stage
                         for zero in sorted(zeros):
                             for rc in space.recompute:
                                 out.append(Strategy(dp=dp, tp=tp, cp=cp, micro_batch=mb, schedule=sch,
@@ -579,8 +620,8 @@ def dp_search(
 
 
 def _score(model: Model, s: Strategy, st: Stages, cluster: Cluster, global_batch: int, eff: Efficiency) -> Estimate | None:
-    s2 = replace(s, pp=len(st.groups))
     try:
+        s2 = replace(s, pp=len(st.groups))
         return estimate(model, s2, cluster, global_batch=global_batch, stages=st, eff=eff)
     except UserError:
         return None

@@ -126,8 +126,10 @@ def simulate_plan(model: Model, cluster: Cluster, e: Estimate, *, global_batch: 
         chain = -1
         d = terms[r]
         res = b.resource(f"stage{r}:compute", ResourceKind.GPU_STREAM, Policy.PRIORITY if zb else Policy.FIFO)
-        fwd = (d["f"] + d["tp_comm"] * d["tp_fwd_frac"] + d["cp_comm"] / 3) / v
-        bwd = (d["b"] + d["recompute"] + d["tp_comm"] * (1 - d["tp_fwd_frac"]) + 2 * d["cp_comm"] / 3 + d["fsdp_comm"]) / v
+        # communication that belongs to the forward pass (the rest, recomputed forward included, to backward)
+        fwd_comm = d["tp_comm"] * d["tp_fwd_frac"] + (d["cp_comm"] + d["ep_comm"]) * d["fwd_frac"]
+        fwd = (d["f"] + fwd_comm) / v
+        bwd = (d["b"] + d["recompute"] + d["tp_comm"] + d["cp_comm"] + d["ep_comm"] + d["fsdp_comm"] - fwd_comm) / v
         for pos, (k, c, j) in enumerate(acts[r]):
             if k == "F":
                 dur = fwd
@@ -174,15 +176,17 @@ def simulate_plan(model: Model, cluster: Cluster, e: Estimate, *, global_batch: 
         # gradient buckets: the first three become ready while the last backward runs (they wait for every
         # backward but that one), the last bucket when it ends (PyTorch DDP-style bucketing, 4 buckets)
         back = [ids[(k, c * pp + r, j, r)] for k, c, j in acts[r] if k in ("B", "W")]
-        full = d["dp_full"] if s.zero == 0 else d["dp_full"] / 2
-        if s.zero == 3 or s.dp == 1:
+        # gradient traffic behind the last backward: all-reduce (ZeRO-0), reduce-scatter (ZeRO-1), the hybrid
+        # all-reduce across replicas (ZeRO-3); ZeRO-2 reduce-scatters per micro-batch (inside fsdp_comm)
+        full = {0: d["dp_full"], 1: d["dp_full"] / 2, 2: 0.0, 3: d["dp_full"]}[s.zero]
+        if s.dpc == 1:
             full = 0.0
         chunks = [
             b.task(f"grad_sync{q}", TaskKind.COMM, dpch, full / 4 * us, step=0, deps=back[:-1] if q < 3 else back)
             for q in range(4)
         ]
         opt = b.task("optimizer", TaskKind.KERNEL, res, d["opt"] * us, step=0, deps=chunks, order=1e9, priority=1e9)
-        if s.zero in (1, 2) and s.dp > 1:
+        if s.zero in (1, 2) and s.dpc > 1:
             b.task("param_allgather", TaskKind.COMM, dpch, d["dp_full"] / 2 * us, step=0, deps=[opt])
     g = b.build()
     step = simulate(g).makespan_us / us

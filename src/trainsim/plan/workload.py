@@ -41,6 +41,7 @@ class OpKind(enum.IntEnum):
     GEMM = 0  # dense matmul / convolution as implicit GEMM: compute-bound roofline with efficiency
     ATTN = 1  # batched matmuls inside attention (QK^T, AV) or a fused flash-attention kernel
     MEM = 2  # elementwise / normalisation / softmax / embedding gather: memory-bound
+    FLASH = 3  # fused attention kernel (flash attention): its own efficiency, causal blocks skipped
 
 
 class Op(NamedTuple):
@@ -56,6 +57,21 @@ class Op(NamedTuple):
     batch: int = 1
     bwd: float = 2.0  # backward cost / forward cost
     core: bool = False  # part of the attention core (recomputed under selective recomputation)
+
+
+class AttnFlops(enum.Enum):
+    """How the attention core (``QK^T`` and ``AV``) counts in *model* FLOPs, the numerator of MFU.
+
+    FULL: the whole ``s x s`` square, ``4 s^2 h`` forward FLOPs per layer and sequence, whether or not a
+    causal mask discards half of it. Megatron-LM's eq. 3 (Narayanan et al. SC'21) and PaLM's
+    ``6N + 12 L H Q T`` (Chowdhery et al. 2022, appendix B) count this way, so it is the default:
+    published MFU and TFLOP/s figures compare like for like.
+    CAUSAL: the lower triangle only, ``2 s^2 h`` for a causal decoder: the work a causal flash-attention
+    kernel actually does. Encoders (BERT) have no mask and count the full square under both.
+    """
+
+    FULL = "full"
+    CAUSAL = "causal"
 
 
 class Recompute(enum.IntEnum):
@@ -80,6 +96,9 @@ class LayerCost:
     model_flops: float  # forward matmul FLOPs of the whole layer (unsharded), for MFU
     core_flops: float  # forward matmul FLOPs of the attention core (unsharded)
     tied_params: int = 0  # of ``params``, the copy of the embedding a tied head holds (not needed on stage 0)
+    expert_params: int = 0  # of ``params``, the expert weights (split over ep; gradients synced over dp*cp/ep)
+    a2a_bytes: float = 0.0  # bytes one GPU sends in one expert all-to-all (dispatch or combine), padding included
+    a2a_count: int = 0  # expert all-to-alls in one forward (dispatch + combine; the same again in backward)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,12 +114,26 @@ class Transformer:
     vocab: int
     kv_heads: int = 0
     """0 means = heads (multi-head attention)"""
+    head_size: int = 0
+    """attention head width; 0 means hidden/heads (Qwen3 and GPT-OSS use wider heads: heads*head_dim != hidden)"""
     ffn_hidden: int = 0
     """0 means 4*hidden (gpt, bert) or Llama's 2/3*4h rounded up to 256"""
     flash_attention: bool = False
     """attention core as one fused kernel (no s x s tensors kept)"""
     tied_embeddings: bool | None = None
     """None: tied for gpt/bert, untied for llama"""
+    experts: int = 0
+    """routed experts per MoE layer; 0 = a dense model"""
+    top_k: int = 2
+    """experts each token is routed to (MoE only)"""
+    moe_ffn_hidden: int = 0
+    """MLP width of one expert; 0 means = ffn"""
+    shared_experts: int = 0
+    """experts every token goes through besides its top-k (DeepSeek-style)"""
+    capacity_factor: float = 0.0
+    """expert capacity / mean load; 0 = dropless (each expert gets the mean load, no padding)"""
+    dense_layers: int = 0
+    """leading layers with a dense MLP in an MoE model (DeepSeek-V3: 3)"""
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -114,6 +147,14 @@ class Transformer:
             raise UserError(f"model: hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.kv_heads < 0 or self.heads % self.kvh:
             raise UserError(f"model: heads {self.heads} is not divisible by kv_heads {self.kvh}")
+        if self.experts < 0 or self.shared_experts < 0 or self.dense_layers < 0 or self.capacity_factor < 0:
+            raise UserError("model: experts, shared_experts, dense_layers and capacity_factor must be >= 0")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise UserError(f"--top-k {self.top_k}; expected 1..experts ({self.experts})")
+        if self.experts and self.dense_layers >= self.layers:
+            raise UserError(f"--dense-layers {self.dense_layers}; expected fewer than layers ({self.layers})")
+        if 0 < self.capacity_factor < 1:
+            raise UserError(f"--capacity-factor {self.capacity_factor}; expected 0 (dropless) or >= 1")
 
     # ---------------------------------------------------------------- derived sizes
     @property
@@ -122,7 +163,12 @@ class Transformer:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): heads x head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def ffn(self) -> int:
@@ -132,6 +178,19 @@ class Transformer:
             f = int(2 * 4 * self.hidden / 3)
             return 256 * ((f + 255) // 256)
         return 4 * self.hidden
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden or self.ffn
+
+    @property
+    def causal(self) -> bool:
+        """Decoders (gpt, llama) mask the future; BERT attends both ways."""
+        return self.arch != "bert"
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.experts else 0
 
     @property
     def gated(self) -> bool:
@@ -161,17 +220,43 @@ class Transformer:
             raise UserError(f"tp={tp} and kv_heads={self.kvh}: one must divide the other")
         if self.ffn % tp or (self.vocab % tp and self.vocab < tp):
             raise UserError(f"tp={tp} does not divide ffn_hidden={self.ffn}")
+        if self.experts and self.expert_ffn % tp:
+            raise UserError(f"tp={tp} does not divide moe_ffn_hidden={self.expert_ffn}")
+
+    def check_ep(self, ep: int) -> None:
+        if ep > 1 and not self.experts:
+            raise UserError(f"--ep {ep} needs a mixture-of-experts model (--experts)")
+        if self.experts and self.experts % ep:
+            raise UserError(f"--ep {ep} does not divide experts={self.experts}; each EP rank holds experts/ep experts")
 
     # ---------------------------------------------------------------- parameters
-    def block_params(self) -> int:
-        h, kvd = self.hidden, self.kvh * self.head_dim
-        attn = h * (h + 2 * kvd) + h * h
-        mlp = (3 if self.gated else 2) * h * self.ffn
+    def _mlp_params(self, width: int) -> int:
+        h = self.hidden
+        p = (3 if self.gated else 2) * h * width
         if self.biases:
-            attn += h + 2 * kvd + h
-            mlp += self.ffn * (2 if self.gated else 1) + h
+            p += width * (2 if self.gated else 1) + h
+        return p
+
+    def block_params(self, moe: bool = False) -> int:
+        """One block; ``moe``: an MoE block with all its experts (``moe_block_split`` separates them)."""
+        if moe:
+            return sum(self.moe_block_split())
+        return self._attn_norm_params() + self._mlp_params(self.ffn)
+
+    def _attn_norm_params(self) -> int:
+        h, kvd, q = self.hidden, self.kvh * self.head_dim, self.q_dim
+        attn = h * (q + 2 * kvd) + q * h
+        if self.biases:
+            attn += q + 2 * kvd + h
         norms = 2 * h * (2 if self.arch != "llama" else 1)  # LayerNorm has a bias, RMSNorm not
-        return attn + mlp + norms
+        return attn + norms
+
+    def moe_block_split(self) -> tuple[int, int]:
+        """(non-expert, routed-expert) parameters of one MoE block: attention, norms, router, shared experts;
+        then ``experts`` expert MLPs."""
+        fe = self.expert_ffn
+        dense = self._attn_norm_params() + self.hidden * self.experts + self.shared_experts * self._mlp_params(fe)
+        return dense, self.experts * self._mlp_params(fe)
 
     def embedding_params(self) -> int:
         p = self.vocab * self.hidden
@@ -191,95 +276,64 @@ class Transformer:
         return p
 
     def total_params(self) -> int:
-        return self.embedding_params() + self.layers * self.block_params() + self.head_params()
+        blocks = (self.layers - self.moe_layers) * self.block_params() + self.moe_layers * self.block_params(moe=True)
+        return self.embedding_params() + blocks + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters one token passes through (MoE: top-k routed experts, not all of them)."""
+        if not self.experts:
+            return self.total_params()
+        dense, _ = self.moe_block_split()
+        act = dense + self.top_k * self._mlp_params(self.expert_ffn)
+        return self.total_params() - self.moe_layers * self.block_params(moe=True) + self.moe_layers * act
 
     # ---------------------------------------------------------------- FLOPs
-    def block_flops(self, samples: int = 1) -> float:
-        """Forward matmul FLOPs of one block (whole, unsharded) for ``samples`` sequences."""
-        t, h, _s = samples * self.seq, self.hidden, self.seq
-        kvd = self.kvh * self.head_dim
-        lin = 2 * t * (h * (h + 2 * kvd) + h * h + (3 if self.gated else 2) * h * self.ffn)
-        return lin + self.core_flops(samples)
+    def block_flops(self, samples: int = 1, attn: AttnFlops = AttnFlops.FULL, moe: bool = False) -> float:
+        """Forward matmul FLOPs of one block (whole, unsharded) for ``samples`` sequences.
 
-    def core_flops(self, samples: int = 1) -> float:
-        return 4.0 * samples * self.seq * self.seq * self.hidden  # QK^T and AV, full s x s (Megatron)
+        An MoE block counts its router, its shared experts and ``top_k`` routed experts per token
+        (not the padding a capacity factor adds: that is executed, not model, work)."""
+        t, h = samples * self.seq, self.hidden
+        kvd = self.kvh * self.head_dim
+        mlp_w = (self.top_k + self.shared_experts) * self.expert_ffn if moe else self.ffn
+        router = h * self.experts if moe else 0
+        q = self.q_dim
+        lin = 2 * t * (h * (q + 2 * kvd) + q * h + (3 if self.gated else 2) * h * mlp_w + router)
+        return lin + self.core_flops(samples, attn)
+
+    def core_flops(self, samples: int = 1, attn: AttnFlops = AttnFlops.FULL) -> float:
+        """QK^T and AV forward FLOPs: ``4 s^2 h`` per sequence, half under ``AttnFlops.CAUSAL`` for a decoder."""
+        full = 4.0 * samples * self.seq * self.seq * self.q_dim
+        return full / 2 if attn == AttnFlops.CAUSAL and self.causal else full
 
     def head_flops(self, samples: int = 1) -> float:
         return 2.0 * samples * self.seq * self.hidden * self.vocab
 
-    def model_flops_per_sample(self) -> float:
+    def model_flops_per_sample(self, attn: AttnFlops = AttnFlops.FULL) -> float:
         """Forward + backward matmul FLOPs per sequence, no recomputation (3 x forward)."""
-        return 3.0 * (self.layers * self.block_flops() + self.head_flops())
+        dense = (self.layers - self.moe_layers) * self.block_flops(1, attn)
+        moe = self.moe_layers * self.block_flops(1, attn, moe=True)
+        return 3.0 * (dense + moe + self.head_flops())
 
     # ---------------------------------------------------------------- per-GPU costs
-    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int) -> tuple[LayerCost, ...]:
-        return _transformer_costs(self, mb, tp, sp, cp)
+    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int, ep: int = 1) -> tuple[LayerCost, ...]:
+        return _transformer_costs(self, mb, tp, sp, cp, ep)
 
 
 @functools.lru_cache(maxsize=4096)
-def _transformer_costs(m: Transformer, mb: int, tp: int, sp: bool, cp: int) -> tuple[LayerCost, ...]:
+def _transformer_costs(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int = 1) -> tuple[LayerCost, ...]:
     m.check_tp(tp)
+    m.check_ep(ep)
     if m.seq % cp:
-        raise UserError(f"cp={cp} does not divide the sequence length {m.seq}")
-    b, s, h, a, f = mb, m.seq, m.hidden, m.heads, m.ffn
-    sl = s // cp
-    tok = b * sl  # tokens on this GPU
-    hd = m.head_dim
-    at = a // tp  # heads on this GPU
-    kvt = max(1, m.kvh // tp)
-    qkv_n = (a + 2 * m.kvh) * hd // tp
-    fn = f // tp
-    spd = tp if sp else 1  # divisor of sequence-parallel regions
+        raise UserError(f"--cp {cp} does not divide the sequence length {m.seq}")
+    blocks = [_block_cost(m, mb, tp, sp, cp, ep, moe=False)] * (m.layers - m.moe_layers)
+    if m.moe_layers:
+        blocks += [_block_cost(m, mb, tp, sp, cp, ep, moe=True)] * m.moe_layers
+    b, s, h = mb, m.seq, m.hidden
+    tok = b * (s // cp)
+    spd = tp if sp else 1
     B = ACT_BYTES
     drop = 1 if m.dropout else 0
-    ops: list[Op] = [
-        Op("norm1", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
-        Op("qkv", OpKind.GEMM, 2.0 * tok * h * qkv_n, B * (tok * h + h * qkv_n + tok * qkv_n), tok, qkv_n, h),
-    ]
-    if m.flash_attention:
-        fl = 4.0 * b * at * sl * s * hd
-        ops.append(
-            Op("flash_attn", OpKind.ATTN, fl, B * b * (at * sl * hd * 2 + kvt * s * hd * 2), sl, s, hd, b * at, 2.5, True)
-        )
-    else:
-        sc = b * at * sl * s  # score elements
-        ops += [
-            Op("scores", OpKind.ATTN, 2.0 * sc * hd, B * (b * at * sl * hd + b * kvt * s * hd + sc), sl, s, hd, b * at, 2.0, True),
-            Op("softmax", OpKind.MEM, 0.0, 2 * B * sc, bwd=1.5, core=True),
-            Op("attn_dropout", OpKind.MEM, 0.0, (2 * B + 1) * sc * drop, bwd=1.0, core=True),
-            Op("attn_v", OpKind.ATTN, 2.0 * sc * hd, B * (sc + b * kvt * s * hd + b * at * sl * hd), sl, hd, s, b * at, 2.0, True),
-        ]
-    ops += [
-        Op("proj", OpKind.GEMM, 2.0 * tok * (h // tp) * h, B * (tok * h / tp + h * h / tp + tok * h), tok, h, h // tp),
-        Op("residual1", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0),
-        Op("norm2", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
-        Op("fc1", OpKind.GEMM, 2.0 * tok * h * fn * (2 if m.gated else 1), B * (tok * h + (h + tok) * fn * (2 if m.gated else 1)), tok, fn * (2 if m.gated else 1), h),
-        Op("act", OpKind.MEM, 0.0, B * tok * fn * (3 if m.gated else 2), bwd=1.5),
-        Op("fc2", OpKind.GEMM, 2.0 * tok * fn * h, B * (tok * fn + fn * h + tok * h), tok, h, fn),
-        Op("residual2", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0),
-    ]
-    # saved activations (bytes), Korthikanti §4 term by term
-    seq_region = (4 * B + 2 * drop) * tok * h / spd  # norm in, qkv in, mask, norm2 in, fc1 in, mask
-    tp_region = B * tok * qkv_n + B * tok * h / tp + B * tok * fn * (2 if m.gated else 1) + B * tok * fn
-    if m.flash_attention:
-        core = 4.0 * b * at * sl  # fp32 log-sum-exp per query row
-    else:
-        core = b * at * sl * s * (B + drop + (B if m.dropout else 0))  # softmax out, mask, dropout out
-    full_layer = seq_region + tp_region + core
-    block_in = B * tok * h / spd
-    block = LayerCost(
-        name="block",
-        ops=tuple(ops),
-        params=m.block_params() // tp if tp > 1 else m.block_params(),
-        act_bytes=(full_layer, seq_region + tp_region + (core if m.flash_attention else 0.0), block_in),
-        transient_bytes=full_layer,
-        out_bytes=B * tok * h / spd,
-        tp_allreduce_bytes=B * tok * h if tp > 1 else 0.0,
-        tp_collectives=2 if tp > 1 else 0,
-        cp_kv_bytes=B * b * 2 * kvt * s * hd * (cp - 1) / cp if cp > 1 else 0.0,
-        model_flops=m.block_flops(b) / cp,
-        core_flops=m.core_flops(b) / cp,
-    )
     emb = LayerCost(
         name="embedding",
         ops=(Op("embed", OpKind.MEM, 0.0, 3 * B * tok * h, bwd=1.0),),
@@ -314,7 +368,108 @@ def _transformer_costs(m: Transformer, mb: int, tp: int, sp: bool, cp: int) -> t
         core_flops=0.0,
         tied_params=m.vocab * h // tp if m.tied else 0,
     )
-    return (emb, *([block] * m.layers), head)
+    return (emb, *blocks, head)
+
+
+def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *, moe: bool) -> LayerCost:
+    """One transformer block on one GPU for one micro-batch (``moe``: routed experts replace the MLP)."""
+    b, s, h, a, f = mb, m.seq, m.hidden, m.heads, m.ffn
+    sl = s // cp
+    tok = b * sl  # tokens on this GPU
+    hd = m.head_dim
+    qd = m.q_dim
+    at = a // tp  # heads on this GPU
+    kvt = max(1, m.kvh // tp)
+    qkv_n = (a + 2 * m.kvh) * hd // tp
+    fn = f // tp
+    spd = tp if sp else 1  # divisor of sequence-parallel regions
+    B = ACT_BYTES
+    drop = 1 if m.dropout else 0
+    ops: list[Op] = [
+        Op("norm1", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
+        Op("qkv", OpKind.GEMM, 2.0 * tok * h * qkv_n, B * (tok * h + h * qkv_n + tok * qkv_n), tok, qkv_n, h),
+    ]
+    if m.flash_attention:
+        # a causal kernel skips the masked half (with cp, the load-balanced split gives every rank half too)
+        fl = 4.0 * b * at * sl * s * hd * (0.5 if m.causal else 1.0)
+        ops.append(
+            Op("flash_attn", OpKind.FLASH, fl, B * b * (at * sl * hd * 2 + kvt * s * hd * 2), sl, s, hd, b * at, 2.5, True)
+        )
+    else:
+        sc = b * at * sl * s  # score elements
+        ops += [
+            Op("scores", OpKind.ATTN, 2.0 * sc * hd, B * (b * at * sl * hd + b * kvt * s * hd + sc), sl, s, hd, b * at, 2.0, True),
+            Op("softmax", OpKind.MEM, 0.0, 2 * B * sc, bwd=1.5, core=True),
+            Op("attn_dropout", OpKind.MEM, 0.0, (2 * B + 1) * sc * drop, bwd=1.0, core=True),
+            Op("attn_v", OpKind.ATTN, 2.0 * sc * hd, B * (sc + b * kvt * s * hd + b * at * sl * hd), sl, hd, s, b * at, 2.0, True),
+        ]
+    ops += [
+        Op("proj", OpKind.GEMM, 2.0 * tok * (qd // tp) * h, B * (tok * qd / tp + qd * h / tp + tok * h), tok, h, qd // tp),
+        Op("residual1", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0),
+        Op("norm2", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
+    ]
+    g = 2 if m.gated else 1
+    mlp_act = 0.0  # saved activations of the MLP part (tp region)
+    expert_params = a2a = 0.0
+    if not moe:
+        ops += _mlp_ops("", tok, h, fn, g, 1)
+        mlp_act = B * tok * fn * g + B * tok * fn
+    else:
+        fe = m.expert_ffn // tp
+        local = m.experts // ep  # experts on this GPU
+        tok_e = tok * m.top_k * (m.capacity_factor or 1.0)  # routed tokens this GPU's experts process (mean)
+        ops.append(Op("router", OpKind.GEMM, 2.0 * tok * h * m.experts, B * (tok * h + h * m.experts), tok, m.experts, h))
+        ops.append(Op("permute", OpKind.MEM, 0.0, 4 * B * tok_e * h, bwd=1.0))  # gather in, scatter back out
+        ops += _mlp_ops("expert_", int(tok_e), h, fe, g, local)
+        mlp_act = B * tok_e * h + B * tok_e * fe * g + B * tok_e * fe
+        if m.shared_experts:
+            ops += _mlp_ops("shared_", tok, h, fe * m.shared_experts, g, 1)
+            mlp_act += B * tok * fe * m.shared_experts * (g + 1)
+        expert_params = m.moe_block_split()[1] / (tp * ep)
+        a2a = B * tok_e * h / spd * (ep - 1) / ep if ep > 1 else 0.0
+    ops.append(Op("residual2", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0))
+    # saved activations (bytes), Korthikanti §4 term by term
+    seq_region = (4 * B + 2 * drop) * tok * h / spd  # norm in, qkv in, mask, norm2 in, fc1 in, mask
+    tp_region = B * tok * qkv_n + B * tok * qd / tp + mlp_act
+    if m.flash_attention:
+        core = 4.0 * b * at * sl  # fp32 log-sum-exp per query row
+    else:
+        core = b * at * sl * s * (B + drop + (B if m.dropout else 0))  # softmax out, mask, dropout out
+    full_layer = seq_region + tp_region + core
+    block_in = B * tok * h / spd
+    if moe:
+        params = m.moe_block_split()[0] // tp + int(expert_params)
+    else:
+        params = m.block_params() // tp if tp > 1 else m.block_params()
+    executed = AttnFlops.CAUSAL if m.flash_attention else AttnFlops.FULL  # unfused kernels compute the whole square
+    return LayerCost(
+        name="moe_block" if moe else "block",
+        ops=tuple(ops),
+        params=params,
+        act_bytes=(full_layer, seq_region + tp_region + (core if m.flash_attention else 0.0), block_in),
+        transient_bytes=full_layer,
+        out_bytes=B * tok * h / spd,
+        tp_allreduce_bytes=B * tok * h if tp > 1 else 0.0,
+        tp_collectives=2 if tp > 1 else 0,
+        cp_kv_bytes=B * b * 2 * kvt * s * hd * (cp - 1) / cp if cp > 1 else 0.0,
+        model_flops=m.block_flops(b, executed, moe=moe) / cp,
+        core_flops=m.core_flops(b, executed) / cp,
+        expert_params=int(expert_params),
+        a2a_bytes=a2a,
+        a2a_count=2 if a2a else 0,
+    )
+
+
+def _mlp_ops(prefix: str, tok: int, h: int, width: int, g: int, batch: int) -> list[Op]:
+    """fc1 (``g`` = 2: gate and up together), activation, fc2 over ``tok`` tokens split into ``batch`` GEMMs."""
+    B = ACT_BYTES
+    return [
+        Op(prefix + "fc1", OpKind.GEMM, 2.0 * tok * h * width * g, B * (tok * h + (h * batch + tok) * width * g),
+           tok // batch, width * g, h, batch),
+        Op(prefix + "act", OpKind.MEM, 0.0, B * tok * width * (g + 1), bwd=1.5),
+        Op(prefix + "fc2", OpKind.GEMM, 2.0 * tok * width * h, B * (tok * width + width * h * batch + tok * h),
+           tok // batch, h, width, batch),
+    ]
 
 
 # =============================================================================== CNNs
@@ -361,8 +516,10 @@ class Cnn:
     def model_flops_per_sample(self) -> float:
         return 3.0 * 2.0 * self.macs_per_sample()
 
-    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int) -> tuple[LayerCost, ...]:
+    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int, ep: int = 1) -> tuple[LayerCost, ...]:
         self.check_tp(tp)
+        if ep != 1:
+            raise UserError(f"--ep {ep}: expert parallelism needs a mixture-of-experts transformer")
         if cp != 1:
             raise UserError(f"cp={cp}: context parallelism needs a transformer")
         return _cnn_costs(self, mb)
@@ -457,6 +614,25 @@ _PRESETS = {
         arch="llama", layers=80, hidden=8192, heads=64, kv_heads=8, seq=4096, vocab=32000, ffn_hidden=28672
     ),
     # BERT (Devlin et al. 2019): WordPiece 30522, 512 positions
+    # Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 3): 128,256 vocabulary,
+    # 8 KV heads, 8k context in pre-training; flash attention as trained
+    "llama3-8b": dict(arch="llama", layers=32, hidden=4096, heads=32, kv_heads=8, seq=8192, vocab=128256,
+                      ffn_hidden=14336, flash_attention=True),
+    "llama3-70b": dict(arch="llama", layers=80, hidden=8192, heads=64, kv_heads=8, seq=8192, vocab=128256,
+                       ffn_hidden=28672, flash_attention=True),
+    "llama3-405b": dict(arch="llama", layers=126, hidden=16384, heads=128, kv_heads=8, seq=8192, vocab=128256,
+                        ffn_hidden=53248, flash_attention=True),
+    # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1): 8 experts, top-2, 46.7B parameters
+    "mixtral-8x7b": dict(arch="llama", layers=32, hidden=4096, heads=32, kv_heads=8, seq=4096, vocab=32000,
+                         ffn_hidden=14336, experts=8, top_k=2, flash_attention=True),
+    # DeepSeek-V3-shaped (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §4.2): 61 layers, hidden 7168,
+    # 128 heads, 256 routed experts of width 2048 + 1 shared, top-8, first 3 layers dense (ffn 18432),
+    # 129,280 vocabulary, 4k pre-training context. Multi-head latent attention is modelled as
+    # multi-head attention with 128 KV heads of dimension 56 (hidden/heads), so attention parameters
+    # differ from the report's (the experts, ~95% of the 671B, match).
+    "deepseek-v3-like": dict(arch="llama", layers=61, hidden=7168, heads=128, seq=4096, vocab=129280,
+                             ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_experts=1,
+                             dense_layers=3, flash_attention=True),
     "bert-large": dict(arch="bert", layers=24, hidden=1024, heads=16, seq=512, vocab=30522),
     "bert-base": dict(arch="bert", layers=12, hidden=768, heads=12, seq=512, vocab=30522),
 }
