@@ -6,7 +6,7 @@
 1. One traced run at ``--base-mbit`` (``trainsim.run.traced``: gloo DDP ranks in shaped network
    namespaces, each writing its Kineto trace).
 2. Predictions from rank 0's trace alone, for each link rate ``factor * base``: the command line's
-   ``trainsim whatif TRACE --network-bw F`` and ``--network-cluster new.toml --from-cluster old.toml``
+   ``trainsim whatif TRACE --network-bw-factor F`` and ``--network-cluster new.toml --from-cluster old.toml``
    (cluster files with the two link rates). They are written to the output JSON before any other run
    starts, and never changed after.
 3. Real runs at those rates (0.25x, 0.5x, 2x, 5x and one factor drawn in [0.25, 5] from a printed
@@ -74,7 +74,7 @@ def _markdown(doc: dict[str, Any]) -> str:
         "",
         f"{doc['model']}, {doc['world']} ranks of gloo DDP in network namespaces, traced at {doc['base_mbit']:g} Mbit/s "
         f"(median step {b['median_step_ms']:.1f} ms, its trace simulated {doc['simulated_base_ms']:.1f} ms). Each other "
-        "rate is predicted from rank 0's trace alone with `trainsim whatif TRACE --network-bw F` "
+        "rate is predicted from rank 0's trace alone with `trainsim whatif TRACE --network-bw-factor F` "
         "(`--network-cluster` agrees within 0.5 %), then run; measured: the median of the timed steps (no profiler).",
         "",
         "*trace only*: the what-if's simulated step; *anchored*: the base run's timed step plus the simulated "
@@ -184,7 +184,7 @@ def main() -> None:
     doc["replayed_base_ms"] = replayed
     preds: list[dict[str, Any]] = []
     for f in factors:
-        bw = _whatif(base["trace"], "--network-bw", f"{f:g}")
+        bw = _whatif(base["trace"], "--network-bw-factor", f"{f:g}")
         new = _cluster_file(work, a.base_mbit * f, f"new{f:g}")
         cl = _whatif(base["trace"], "--network-cluster", str(new), "--from-cluster", str(old))
         preds.append({"factor": f, "rate_mbit": a.base_mbit * f, "predicted_ms_network_bw": _median_step(bw),
@@ -230,7 +230,7 @@ def main() -> None:
     # ---- the table
     print(f"\n{a.model}, {a.world} ranks, traced at {a.base_mbit:g} Mbit/s (median step {base['median_step_ms']:.1f} ms, "
           f"simulated {doc['simulated_base_ms']:.1f} ms); predictions from rank 0's trace only")  # fmt: skip
-    print(f"{'factor':>7} {'Mbit/s':>8} {'measured':>9} {'--network-bw':>13} {'err %':>6} {'--network-cluster':>18} "
+    print(f"{'factor':>7} {'Mbit/s':>8} {'measured':>9} {'--network-bw-factor':>20} {'err %':>6} {'--network-cluster':>18} "
           f"{'err %':>6} {'own trace':>10} {'err %':>6}")  # fmt: skip
     for r, p in zip(runs, preds, strict=True):
         print(f"{p['factor']:>7g} {p['rate_mbit']:>8g} {r['median_step_ms']:>9.1f} {p['predicted_ms_network_bw']:>13.1f} "

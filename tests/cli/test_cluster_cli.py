@@ -30,7 +30,7 @@ def _cluster(tmp_path: Path, body: str) -> Path:
         ('nodes = 2\ninter_link = "eth-3g"\n', [], "unknown link"),
         ("nodes = 2\ninter_link = { bw_gbps = 0 }\n", [], "bandwidth"),
         ("nodes = 2\ninter_link = { bw_gbps = -1 }\n", [], "bandwidth"),
-        ("nodes = 2\ndevices_per_node = 2\n", ["--ranks", "5"], "5 ranks requested"),
+        ("nodes = 2\ndevices_per_node = 2\n", ["--world", "5"], "5 ranks requested"),
     ],
 )
 def test_scaleout_bad_cluster(

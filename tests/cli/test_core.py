@@ -60,7 +60,7 @@ def test_whatif_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_bench_sim_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(["bench-sim", "--tasks", "5000", "--json", "--repeat", "1"], capsys)
+    code, out, _ = _run(["bench-sim", "--tasks", "5000", "--json", "--repeats", "1"], capsys)
     assert code == 0
     doc = json.loads(out)
     assert doc["tasks"] >= 5000 and doc["tasks_per_s"] > 0 and {"build_s", "simulate_s"} <= doc.keys()
@@ -207,9 +207,9 @@ def test_whatif_device_and_network(tmp_path: Path, capsys: pytest.CaptureFixture
     assert doc["whatif"] == ["device v100 -> h100-sxm (fp16)"] and doc["whatif_ms"] < doc["baseline_ms"]
     for args, message in ((["--device", "h100"], "--device and --from-device go together"),
                           (["--device", "tpu", "--from-device", "v100"], "unknown device 'tpu'"),
-                          (["--network-bw", "2"], "no communication tasks"),
+                          (["--network-bw-factor", "2"], "no communication tasks"),
                           (["--from-cluster", "c.toml"], "--from-cluster goes with --network-cluster"),
-                          (["--network-bw", "0"], "Invalid value for '--network-bw'")):  # fmt: skip
+                          (["--network-bw-factor", "0"], "Invalid value for '--network-bw-factor'")):  # fmt: skip
         code, _, err = _run(["whatif", trace, *args], capsys)
         assert code == 2 and message in err, err
     t = TraceMaker()  # one rank's step with a gloo all-reduce of 4 MB on the CPU
@@ -222,6 +222,7 @@ def test_whatif_device_and_network(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 0, err
     doc = json.loads(out)
     assert doc["whatif"] == ["network x2 bandwidth, +10 us"] and doc["whatif_ms"] < doc["baseline_ms"]
+    assert "--network-bw is now --network-bw-factor" in err  # the old name still works, with a warning
     fast = tmp_path / "fast.toml"
     fast.write_text('nodes = 2\ndevices_per_node = 1\ndevice = "this-cpu"\ninter_link = "eth-100g"\n')
     code, out, err = _run(["whatif", str(comm), "--network-cluster", str(fast), "--json"], capsys)

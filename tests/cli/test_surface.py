@@ -14,7 +14,7 @@ EXPECTED_VALIDATE = {"calibrate", "compress", "dp", "multistream", "ooo-dp", "pi
 EXPECTED_WHATIF_FLAGS = {
     "--amp", "--fused-optimizer", "--batch-scale", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
     "--plan", "--scheme", "--world", "--rate", "--json", "--timeline", "--force", "--device", "--from-device",
-    "--dtype", "--network-cluster", "--from-cluster", "--network-bw", "--network-latency-us",
+    "--dtype", "--network-cluster", "--from-cluster", "--network-bw-factor", "--network-latency-us",
 }  # fmt: skip
 
 EXPECTED_REPLAY_FLAGS = {"--json", "--timeline", "--no-straggler", "--force"}
@@ -72,3 +72,23 @@ def test_every_validate_subcommand_has_help(name: str, capsys: pytest.CaptureFix
 def test_every_command_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([name, "--help"]) == 0
     assert "Usage:" in capsys.readouterr().out
+
+
+def test_renamed_flags_still_work_for_one_release() -> None:
+    from trainsim.cli.main import RENAMED, rename_flags
+
+    said: list[str] = []
+    assert rename_flags(["ooo", "pipeline", "--ranks", "4", "--json"], said.append) == [
+        "ooo", "pipeline", "--world", "4", "--json"]  # fmt: skip
+    assert rename_flags(["bench-sim", "--repeat=2"], said.append) == ["bench-sim", "--repeats=2"]
+    assert rename_flags(["replay", "--ranks", "4"], said.append) == ["replay", "--ranks", "4"]  # not renamed there
+    assert len(said) == 2 and "--ranks is now --world" in said[0]
+    for path, table in RENAMED.items():  # every new name exists on its command
+        from trainsim.cli.main import COMMANDS, cli
+
+        assert path[0] in COMMANDS
+        cmd = cli.get_command(None, path[0])  # type: ignore[arg-type]
+        for sub in path[1:]:
+            cmd = cmd.get_command(None, sub)  # type: ignore[union-attr]
+        flags = {o for p in cmd.params for o in p.opts}  # type: ignore[union-attr]
+        assert {new for new, _ in table.values()} <= flags and not set(table) & flags

@@ -1,7 +1,7 @@
 """Cluster commands: ``trainsim calibrate`` and ``trainsim scaleout``.
 
     $ trainsim calibrate --rate 100 --delay 2 --max-bytes 16MB --out net.json
-    $ trainsim scaleout out/mlp.json.gz --cluster my.toml --ranks 8 --mode p3 --json
+    $ trainsim scaleout out/mlp.json.gz --cluster my.toml --world 8 --mode p3 --json
 
 ``calibrate`` measures gloo all-reduce times between processes (each in its own network namespace,
 links shaped with tc, or on loopback) and fits the alpha-beta constants. ``scaleout`` predicts the
@@ -107,7 +107,7 @@ def calibrate(
 @click.argument("trace", type=click.Path())
 @click.option("--cluster", "cluster_file", type=click.Path(), default=None, help="cluster TOML/YAML file")
 @click.option("--calibration", type=click.Path(), default=None, help="use a `trainsim calibrate --out` file's link")
-@click.option("--ranks", type=int, default=None, help="data-parallel ranks (default: the whole cluster)")
+@click.option("--world", "ranks", type=int, default=None, help="data-parallel ranks (default: the whole cluster)")
 @click.option("--mode", type=click.Choice(["ddp", "p3", "bytescheduler"]), default="ddp", show_default=True)
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP bucket cap, MiB")
 @click.option("--slice-kb", type=click.FloatRange(min=0, min_open=True), default=256.0, show_default=True,
@@ -154,7 +154,7 @@ def scaleout(
         raise UserError("scaleout: give --cluster FILE or --calibration FILE")
     n = spec.world_size if ranks is None else ranks
     if n < 1:
-        raise UserError(f"--ranks {n}; expected >= 1")
+        raise UserError(f"--world {n}; expected >= 1")
     spec.check_ranks(n)
     if not Path(trace).exists():
         raise UserError(f"{trace}: no such trace")

@@ -251,7 +251,7 @@ def _safe_write(path: str, res: Any) -> Path:
               help="Re-time TRACE's collectives for this cluster file (the network it would run on).")
 @click.option("--from-cluster", "old_cluster", type=click.Path(dir_okay=False),
               help="The cluster file of the network TRACE was recorded on (keeps the measured overheads).")
-@click.option("--network-bw", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--network-bw-factor", "network_bw", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Without a cluster model: communication this many times faster (2 = twice the bandwidth).")
 @click.option("--network-latency-us", type=click.FloatRange(min=0), default=None,
               help="Without a cluster model: add this latency to every communication task.")
@@ -303,7 +303,7 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, batch_scale: float | No
     network_scaled = network_bw is not None or network_latency_us is not None
     if not (amp or fused_optimizer or batch_scale or scales or dst_device or new_cluster or network_scaled):
         raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --batch-scale, --scale, --device, "
-                        "--network-cluster, --network-bw, --network-latency-us, --ooo-dp, --pipeline, --compress")  # fmt: skip
+                        "--network-cluster, --network-bw-factor, --network-latency-us, --ooo-dp, --pipeline, --compress")  # fmt: skip
     for s in scales:  # check the syntax before the (slower) trace load
         whatifs.parse_selector(s)
     if dst_device is not None and src_device is not None:  # unknown names before the trace load
@@ -407,7 +407,7 @@ def _layer_whatif(trace: str, ooo_dp: str | None, pipeline: str | None, stages: 
 @click.command("bench-sim")
 @click.option("--tasks", type=click.IntRange(1, 50_000_000), default=1_000_000, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="Best of N replays.")
+@click.option("--repeats", "repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="Best of N replays.")
 @JSON_OPT
 def bench_sim(tasks: int, seed: int, repeat: int, as_json: bool) -> None:
     """Build a synthetic graph of N tasks and time the simulator on it."""

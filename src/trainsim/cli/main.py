@@ -12,7 +12,9 @@ on stderr and exit code 2; ``tests/cli/test_surface.py`` pins the surface.
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -35,6 +37,50 @@ COMMANDS: dict[str, str] = {
     "validate": "trainsim.cli.validate:validate",
     "whatif": "trainsim.cli.core:whatif",
 }
+
+
+RENAMED: dict[tuple[str, ...], dict[str, tuple[str, float]]] = {
+    ("bench-sim",): {"--repeat": ("--repeats", 1.0)},
+    ("ooo", "order"): {"--ranks": ("--world", 1.0)},
+    ("ooo", "pipeline"): {"--ranks": ("--world", 1.0)},
+    ("scaleout",): {"--ranks": ("--world", 1.0)},
+    ("whatif",): {"--network-bw": ("--network-bw-factor", 1.0)},
+}
+"""Flags renamed in 0.2 so that one name means one thing with its unit in it (``--world`` for ranks,
+``--*-factor`` for multipliers): ``{command path: {old: (new, factor on the value)}}``. The old name
+still works for one release, with a warning on stderr."""
+
+
+def rename_flags(argv: list[str], warn: Callable[[str], None]) -> list[str]:
+    """``argv`` with the renamed flags of its command (``RENAMED``) spelt the new way."""
+    path = tuple(itertools.takewhile(lambda a: not a.startswith("-"), argv))[:2]
+    table = RENAMED.get(path) or RENAMED.get(path[:1], {})
+    out: list[str] = []
+    pending: float | None = None  # the next token is the value of a renamed flag, times this
+    for a in argv:
+        if pending is not None:
+            out.append(a if pending == 1.0 else _scaled(a, pending))
+            pending = None
+            continue
+        flag, eq, value = a.partition("=")
+        if flag in table:
+            new, factor = table[flag]
+            warn(f"trainsim: warning: {flag} is now {new}; the old name goes in the next release")
+            if eq:
+                out.append(f"{new}={value if factor == 1.0 else _scaled(value, factor)}")
+            else:
+                out.append(new)
+                pending = factor
+            continue
+        out.append(a)
+    return out
+
+
+def _scaled(value: str, factor: float) -> str:
+    try:
+        return f"{float(value) * factor:g}"
+    except ValueError:
+        return value  # click words the error about the value
 
 
 class LazyGroup(click.Group):
@@ -63,6 +109,7 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 ok, 2 bad input, 1 internal error)."""
+    argv = rename_flags(list(sys.argv[1:] if argv is None else argv), lambda s: click.echo(s, err=True))
     try:
         cli.main(args=argv, prog_name="trainsim", standalone_mode=False)
     except UserError as exc:

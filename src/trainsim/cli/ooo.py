@@ -134,7 +134,7 @@ def dp_cmd(
 @click.argument("profile", type=click.Path(exists=True, dir_okay=False))
 @click.option("--schedule", required=True)
 @click.option("--stages-per-rank", type=int, default=1, show_default=True)
-@click.option("--ranks", type=int, default=2, show_default=True)
+@click.option("--world", "ranks", type=int, default=2, show_default=True, help="Ranks (pipeline stages' processes).")
 @click.option("--microbatches", type=int, default=4, show_default=True)
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option(
@@ -190,7 +190,7 @@ def pipeline_cmd(
 @ooo.command("order")
 @click.option("--schedule", required=True)
 @click.option("--stages-per-rank", type=int, default=1, show_default=True)
-@click.option("--ranks", type=int, default=2, show_default=True)
+@click.option("--world", "ranks", type=int, default=2, show_default=True, help="Ranks (pipeline stages' processes).")
 @click.option("--microbatches", type=int, default=4, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def order_cmd(schedule: str, stages_per_rank: int, ranks: int, microbatches: int, as_json: bool) -> None:

@@ -199,7 +199,7 @@ def whatif_graph(pair: Pair, trace: str) -> tuple[Any, Any]:
     from trainsim.transform.network import scale_network, split_collectives
 
     assert pair.first.rate_mbit is not None and pair.second.rate_mbit is not None
-    # as ``trainsim whatif --network-bw`` does: only the transfer part of a collective scales, its
+    # as ``trainsim whatif --network-bw-factor`` does: only the transfer part of a collective scales, its
     # wait for the peers is kept
     split = split_collectives(g) if ((g.kind == TaskKind.COMM) & (g.size_bytes >= 0)).any() else None
     return g, scale_network(g, bw_factor=pair.second.rate_mbit / pair.first.rate_mbit, split=split)
