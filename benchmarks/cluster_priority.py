@@ -27,8 +27,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    from trainsim.validate.dp import RUN_MODES, RunConfig, run_harness
+    import tempfile
 
+    from trainsim.validate.dp import RUN_MODES, RunConfig, run_validation
+    from trainsim.validate.machine import load_machine
+
+    mcal, cal_path = load_machine()
     head = stamp(command_line())
     t0 = time.monotonic()
     cases = CASES[:1] if args.quick else CASES
@@ -36,22 +40,25 @@ def main() -> int:
         "## Priority scheduling on communication-bound configurations (2 processes)",
         "",
         head,
+        "Out of sample: every prediction frozen before the runs (``validate.protocol``), three interleaved passes.",
+        "",
         "| model | link | DDP predicted | DDP measured | P3 predicted | P3 measured | ByteScheduler predicted |"
         " ByteScheduler measured | speed-up over DDP, predicted / measured: P3, ByteScheduler |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-
-
     for model, rate, delay in cases:
         configs = [RunConfig(model=model, rate_mbit=rate, delay_ms=delay, mode=m) for m in RUN_MODES]
-        results, _ = run_harness(configs, steps=4 if args.quick else 6, warmup=3, reps=3,
+        with tempfile.TemporaryDirectory() as tmp:
+            doc = run_validation(configs, Path(tmp) / "priority.json", seed=0, mcal=mcal,
+                                 meta={"calibration": mcal.describe(cal_path)},
                                  log=lambda s: print(f"{time.monotonic() - t0:7.1f}s {s}", flush=True))  # fmt: skip
-        ddp, p3, bs = results
+        ddp, p3, bs = doc["runs"]
         link = f"{rate:g} Mbit/s" + (f" +{delay:g} ms" if delay else "")
-        ups = ", ".join(f"{ddp.predicted_ms / r.predicted_ms:.2f}x / {ddp.measured_ms / r.measured_ms:.2f}x" for r in (p3, bs))
+        ups = ", ".join(f"{ddp['predicted_ms'] / r['predicted_ms']:.2f}x / {ddp['measured_ms'] / r['measured_ms']:.2f}x"
+                        for r in (p3, bs))  # fmt: skip
         lines.append(
-            f"| {model} | {link} | {ddp.predicted_ms:.1f} | {ddp.measured_ms:.1f} | {p3.predicted_ms:.1f} | "
-            f"{p3.measured_ms:.1f} | {bs.predicted_ms:.1f} | {bs.measured_ms:.1f} | {ups} |"
+            f"| {model} | {link} | {ddp['predicted_ms']:.1f} | {ddp['measured_ms']:.1f} | {p3['predicted_ms']:.1f} | "
+            f"{p3['measured_ms']:.1f} | {bs['predicted_ms']:.1f} | {bs['measured_ms']:.1f} | {ups} |"
         )
     lines += [
         "",

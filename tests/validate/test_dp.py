@@ -1,24 +1,178 @@
-"""End to end: the validate-dp harness on 2 processes over a shaped link, and its clean-up."""
+"""validate dp: predictions frozen before the runs and blind to them, the seeded draw, bad input, and
+(marked) the real 2-process runs and their clean-up."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trainsim.cli.main import main
 from trainsim.errors import UserError
-from trainsim.validate.dp import RunConfig, run_harness, summary
+from trainsim.validate import dp
+from trainsim.validate.dp import RunConfig, draw_configs, run_validation
+from trainsim.validate.machine import MachineCalibration, identity, version
 from trainsim.validate.netns import list_namespaces, netns_unavailable
 
 
+def fake_machine(**kw: Any) -> MachineCalibration:
+    """A machine calibration with made-up, plausible figures (2 cores, a shaped link at 95 %)."""
+    base: dict[str, Any] = dict(
+        machine=identity(), version=version(), created_at="2026-01-01T00:00:00+00:00",
+        sizes_bytes=[4096, 1 << 20], loopback_us=[300.0, 3000.0], host_a_us=300.0, host_b_us_per_byte=2.6e-3,
+        shaped_rate_mbit=150.0, shaped_us=[], link_efficiency=0.95, allgather_loopback_us=[200.0, 2000.0],
+        allgather_line=(200.0, 1.8e-3), p2p_loopback_us=[100.0, 1000.0], p2p_line=(100.0, 0.9e-3),
+        kernel_ms=1.3, corun_slowdown={"2": 1.3, "4": 2.4},
+    )  # fmt: skip
+    base.update(kw)
+    return MachineCalibration(**base)
+
+
+def fake_profile(_key: tuple[str, int, int], _wd: Path) -> dp.Profile:
+    """The two-layer synthetic profile of the data-parallel tests (2 MiB of gradients per layer)."""
+    from tests.transform.test_dataparallel import _profile_like
+
+    g, params, layers = _profile_like()
+    return dp.Profile(g, params, layers, 0, [0.1, 0.11, 0.1, 0.12], 0.12, 0.02, 0.03, 0.005)
+
+
+def _wild_runner(seed: int, seen: list[dict[str, Any]], out: Path) -> dp.Runner:
+    """A runner whose every in-run reading is random: the measured step, the host speed, the co-run
+    step, the stragglers. It also reads the result file as it stands when it is first called."""
+    rng = random.Random(seed)
+
+    def run(c: RunConfig, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        if not seen:
+            seen.append(json.loads(out.read_text()))
+        return rng.uniform(1.0, 5000.0), {
+            "host_speed": rng.uniform(0.1, 10.0), "corun_ms": rng.uniform(1.0, 900.0),
+            "straggler_ms": rng.uniform(0.0, 500.0), "agree_round_us": rng.uniform(1.0, 1e5), "params_in_sync": True,
+        }  # fmt: skip
+
+    return run
+
+
+def test_predictions_frozen_before_the_first_run_and_blind_to_it(tmp_path: Path) -> None:
+    """Two validations of the same configurations with runners whose readings differ wildly: the same
+    predictions, all on disk with their time before the first run started; every reading lands in
+    ``diagnostics`` only."""
+    configs = [RunConfig(model="mlp", rate_mbit=100.0), RunConfig(model="mlp", rate_mbit=30.0, delay_ms=4.0, mode="p3"),
+               RunConfig(model="cnn", rate_mbit=500.0, mode="bytescheduler")]  # fmt: skip
+    docs, seen = [], []
+    for k in range(2):
+        out = tmp_path / f"dp{k}.json"
+        first: list[dict[str, Any]] = []
+        docs.append(run_validation(configs, out, seed=1, mcal=fake_machine(), n_fixed=2, profiler=fake_profile,
+                                   runner=_wild_runner(k, first, out), passes=3))  # fmt: skip
+        seen.append(first[0])
+    a, b = docs
+    assert [r["predicted_ms"] for r in a["runs"]] == [r["predicted_ms"] for r in b["runs"]]
+    assert [r["measured_ms"] for r in a["runs"]] != [r["measured_ms"] for r in b["runs"]]
+    for doc, before in zip(docs, seen, strict=True):
+        assert before["predictions_frozen_at"] is not None
+        assert before["predictions_frozen_at"] <= before["runs_started_at"]
+        assert [r["predicted_ms"] for r in before["runs"]] == [r["predicted_ms"] for r in doc["runs"]]
+        assert all(r["measured_ms"] is None for r in before["runs"])
+        assert doc["predictions_frozen_at"] <= doc["runs_started_at"]
+        for r in doc["runs"]:
+            assert len(r["measured_passes_ms"]) == 3 and len(r["diagnostics"]) == 3
+            assert r["within"] in ("10%", "spread", False) and r["spread_pct"] >= 0
+        assert [r["held_out"] for r in doc["runs"]] == [False, False, True]
+        assert {"mean_abs_error_pct", "max_abs_error_pct", "within_10pct", "seed"} <= set(doc)
+
+
+def test_prediction_uses_the_machine_model_not_a_measured_link() -> None:
+    """A slower calibrated link or a larger co-run slowdown moves the prediction; nothing else can."""
+    prof = fake_profile(("mlp", 1024, 4), Path("."))
+    c = RunConfig(model="mlp", rate_mbit=100.0)
+    base = dp.predict_ms(prof, c, fake_machine())["predicted_ms"]
+    assert dp.predict_ms(prof, c, fake_machine(link_efficiency=0.5))["predicted_ms"] > base
+    assert dp.predict_ms(prof, RunConfig(model="mlp", rate_mbit=50.0), fake_machine())["predicted_ms"] > base
+    assert dp.predict_ms(prof, c, fake_machine())["predicted_ms"] == base  # deterministic
+
+
+def test_draw_is_seed_reproducible_and_in_range() -> None:
+    a, b = draw_configs(7, 12), draw_configs(7, 12)
+    assert a == b and draw_configs(8, 12) != a
+    for c in a:
+        lo, hi = dp.RATE_RANGE_MBIT[c.model]
+        assert c.rate_mbit is not None and lo <= c.rate_mbit <= hi
+        assert c.delay_ms == 0.0 or dp.DELAY_RANGE_MS[0] <= c.delay_ms <= dp.DELAY_RANGE_MS[1]
+        assert c.mode in ("ddp", "p3") and (c.model == "mlp" or (c.width, c.depth) == dp.MLP_DEFAULT)
+        assert dp.BUCKET_RANGE_MB[0] <= c.bucket_cap_mb <= dp.BUCKET_RANGE_MB[1]
+    fixed, n = dp.select_configs(True, 7)
+    assert n == len(dp.QUICK) and fixed[n:] == draw_configs(7, 2)
+
+
+def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "dp", "--model", "resnet9000", "--json"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert main(["validate", "dp", "--rate", "0"]) == 2
+    assert main(["validate", "dp", "--rate", "-5"]) == 2
+    assert main(["validate", "dp", "--delay", "-1"]) == 2
+    assert main(["validate", "dp", "--passes", "0"]) == 2
+    assert "--passes 0" in capsys.readouterr().err
+    assert main(["validate", "dp", "--seed", "-3"]) == 2
+    assert "--seed -3" in capsys.readouterr().err
+    with pytest.raises(UserError, match="only the mlp"):
+        RunConfig(model="cnn", rate_mbit=10.0, width=64)
+    for bad in ({"mode": "zero"}, {"credit": 0}, {"partition_bytes": 0}, {"bucket_cap_mb": 0.0}):
+        with pytest.raises(UserError, match="validate dp"):
+            RunConfig(model="mlp", rate_mbit=100.0, **bad)  # type: ignore[arg-type]
+
+
+def test_cli_refuses_an_existing_result_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "dp.json"
+    out.write_text("{}")
+    assert main(["validate", "dp", "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and len(err.strip().splitlines()) == 1
+    assert out.read_text() == "{}"
+
+
+def test_cli_refuses_another_machines_calibration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cal = tmp_path / "machine.json"
+    cal.write_text(json.dumps(asdict(fake_machine(machine={"cpu": "another CPU", "cores": 96, "mem_gib": 512}))))
+    assert main(["validate", "dp", "--quick", "--calibration", str(cal), "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert "another machine" in err and "--recalibrate" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_interrupt_keeps_the_measured_runs_marked_partial(tmp_path: Path) -> None:
+    out = tmp_path / "dp.json"
+    calls = []
+
+    def runner(c: RunConfig, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        calls.append(c)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return 50.0, {}
+
+    configs = [RunConfig(model="mlp", rate_mbit=100.0), RunConfig(model="cnn", rate_mbit=100.0)]
+    with pytest.raises(KeyboardInterrupt):
+        run_validation(configs, out, seed=3, mcal=fake_machine(), profiler=fake_profile, runner=runner, passes=3)
+    doc = json.loads(out.read_text())
+    assert doc["partial"] and "Ctrl-C" in doc["partial_reason"]
+    assert [len(r["measured_passes_ms"]) for r in doc["runs"]] == [1, 1]
+
+
+def test_straggler_wait_by_hand() -> None:
+    assert dp.straggler_ms([[10.0] * 5, [10.0] * 5]) == 0.0
+    assert dp.straggler_ms([[10.0, 20.0]]) == 0.0  # one rank waits for nobody
+    # two ranks, each step 10 or 20 ms with equal odds: E[max] = 17.5, median 15
+    assert dp.straggler_ms([[10.0, 20.0], [10.0, 20.0]], draws=20000) == pytest.approx(2.5, abs=0.15)
+
+
+# --------------------------------------------------------------------------- real processes (marked)
 def _our_processes() -> list[str]:
-    """Live (non-zombie) children of this test process: every rank, calibration worker and delay line
-    the harness starts is one, so any new one left after the harness is a leak. (Earlier tests in the
-    same pytest process may have started multiprocessing's resource tracker: that one is not ours.)"""
+    """Live (non-zombie) children of this test process: any new one left after the harness is a leak."""
     found = []
     me = str(os.getpid())
     for pid in os.listdir("/proc"):
@@ -37,53 +191,30 @@ def _our_processes() -> list[str]:
 
 @pytest.mark.netns
 @pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(netns_unavailable() is not None, reason=f"no netns: {netns_unavailable()}")
-def test_harness_two_processes_shaped_link() -> None:
+def test_validation_two_processes_shaped_link(tmp_path: Path) -> None:
     before = set(list_namespaces(f"trainsim-{os.getpid()}-"))
     qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
     already = set(_our_processes())
-    results, notes = run_harness([RunConfig(model="cnn", rate_mbit=50)], steps=2, warmup=2, reps=2)
-    assert not notes
-    (r,) = results
-    assert r.where == "netns" and r.params_in_sync
+    doc = run_validation([RunConfig(model="cnn", rate_mbit=50)], tmp_path / "dp.json", seed=0, mcal=fake_machine(),
+                         passes=1, steps=2, warmup=2)  # fmt: skip
+    (r,) = doc["runs"]
+    assert r["diagnostics"][0]["where"] == "netns" and r["diagnostics"][0]["params_in_sync"]
     # 0.52 MB of gradients over 50 Mbit/s: at least ~83 ms per step on the wire alone
-    assert 80 < r.measured_ms < 5000
-    assert 80 < r.predicted_ms < 5000
-    assert abs(r.error_pct) < 60  # sanity only; accuracy is the benchmark's job
-    out = summary(results)
-    assert set(out) == {"runs", "mean_abs_error_pct", "max_abs_error_pct"}
-    assert set(out["runs"][0]) >= {"config", "predicted_ms", "measured_ms", "error_pct"}
+    assert 80 < r["measured_ms"] < 5000 and 80 < r["predicted_ms"] < 5000
     assert set(list_namespaces(f"trainsim-{os.getpid()}-")) == before
     assert subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout == qdiscs
     assert set(_our_processes()) <= already
 
 
 @pytest.mark.multiproc
-def test_no_rights_falls_back_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainsim.validate import netns
-
-    monkeypatch.setattr(netns, "netns_unavailable", lambda: "creating network namespaces needs root")
-    results, notes = run_harness(
-        [RunConfig(model="cnn", rate_mbit=50, mode="p3")], steps=2, warmup=2, reps=2, passes=2
-    )
-    assert any("needs root" in n for n in notes)
-    (r,) = results
-    assert r.where == "loopback" and r.params_in_sync and r.measured_ms > 0 and r.predicted_ms > 0
-    assert len(r.passes) == 2 and r.measured_ms == pytest.approx(sum(m for _, m in r.passes) / 2)
-
-
-def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", "dp", "--model", "resnet9000", "--json"]) == 2
-    assert "unknown model" in capsys.readouterr().err
-    assert main(["validate", "dp", "--rate", "0"]) == 2
-    assert main(["validate", "dp", "--rate", "-5"]) == 2
-    assert main(["validate", "dp", "--delay", "-1"]) == 2
-    assert main(["validate", "dp", "--passes", "0"]) == 2
-    assert "--passes 0" in capsys.readouterr().err
-
-
-def test_json_shape_from_summary() -> None:
-    assert json.loads(json.dumps(summary([])))["mean_abs_error_pct"] is None
+def test_profile_model_one_process(tmp_path: Path) -> None:
+    """The profile: a one-rank traced run of a drawn MLP shape and the runtimes' own work alone."""
+    prof = dp.profile_model(("mlp", 512, 3), tmp_path, steps=3)
+    assert len(prof.plain_steps_ms) == 3 and prof.plain_ms > 0 and prof.traced_ms > 0
+    assert len(prof.layers) == 3 and sum(p.numel for p in prof.params) == 256 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert 0.0 <= prof.ddp_finalize_ms <= prof.ddp_overhead_ms
 
 
 @pytest.mark.multiproc
@@ -95,7 +226,6 @@ def test_runtime_overhead_one_process() -> None:
     data = json.loads(launch(1, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
     assert data["plain_ms"] > 0 and data["ddp_ms"] > 0 and data["p3_ms"] > 0
     assert data["overhead_ms"] >= 0.0  # the paired difference of their steps (``alternating_ms``)
-    # the part after the last bucket's collective: copying the buckets back into the gradients
     assert 0.0 <= data["finalize_ms"] <= data["overhead_ms"]
     assert data["p3_overhead_ms"] == pytest.approx(max(0.0, data["p3_ms"] - data["p3_plain_ms"]))
 
@@ -123,74 +253,11 @@ def test_alternating_pairs_the_steps() -> None:
     assert t["slow"] > t["fast"] > 0
 
 
-def test_median_of_passes_by_hand() -> None:
-    from trainsim.validate.dp import RunResult, median_of_passes
-
-    c = RunConfig(model="cnn", rate_mbit=50)
-
-    def run(pred: float, meas: float) -> RunResult:
-        return RunResult(c, pred, meas, [meas], {}, "netns", {"corun": pred}, True, pred + 1)
-
-    assert median_of_passes([run(1.0, 2.0)]).passes == ()
-    r = median_of_passes([run(90.0, 100.0), run(95.0, 300.0), run(99.0, 105.0)], "predicted_alone_ms")
-    assert (r.predicted_ms, r.measured_ms, r.predicted_alone_ms) == (95.0, 105.0, 96.0)
-    assert r.single_ms == {"corun": 99.0}  # the host figures of the median pass
-    assert [p["measured_ms"] for p in r.to_json()["passes"]] == [100.0, 300.0, 105.0]
-
-
-def test_straggler_wait_by_hand() -> None:
-    from trainsim.validate.dp import straggler_ms
-
-    assert straggler_ms([[10.0] * 5, [10.0] * 5]) == 0.0
-    assert straggler_ms([[10.0, 20.0]]) == 0.0  # one rank waits for nobody
-    # two ranks, each step 10 or 20 ms with equal odds: E[max] = 17.5, median 15
-    assert straggler_ms([[10.0, 20.0], [10.0, 20.0]], draws=20000) == pytest.approx(2.5, abs=0.15)
-
-
-@pytest.mark.multiproc
-def test_agreement_round_probe_two_processes() -> None:
-    """The P3 runtime's agreement round, timed while both ranks train: one mean over the steady rounds."""
-    from trainsim.validate.dp_worker import PROBE_PLAIN_STEPS
-    from trainsim.validate.launch import launch
-
-    cfg = json.dumps({"model": "cnn", "mode": "agree_probe", "rounds": 20, "slice_bytes": 4096})
-    data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
-    assert len(data["rounds_us"]) == 16  # the first fifth is the ranks' start-up
-    assert data["round_us"] == pytest.approx(sum(data["rounds_us"]) / 16)
-    assert all(t > 0 for t in data["rounds_us"]) and data["train_steps"] >= 1
-    # every rank's training steps meanwhile (the first, warming up, dropped), as many on each
-    a, b = data["steps_ms"]
-    assert len(a) == len(b) <= data["train_steps"] - 1 and all(t > 0 for t in a + b)
-    # and the plain loop without the thread, before and after (the first of each dropped)
-    pa, pb = data["plain_steps_ms"]
-    assert len(pa) == len(pb) == 2 * (PROBE_PLAIN_STEPS - 1) and all(t > 0 for t in pa + pb)
-
-
-def test_agree_probe_straggler_needs_steps() -> None:
-    from trainsim.validate.dp import AgreeProbe, straggler_ms
-
-    assert AgreeProbe(3000.0, [[50.0] * 4, [60.0] * 4]).straggler_ms is None  # too few steps
-    assert AgreeProbe(3000.0, [[50.0] * 9]).straggler_ms is None  # one rank waits for nobody
-    steps = [[50.0, 52.0, 70.0, 51.0, 55.0], [60.0, 61.0, 59.0, 75.0, 62.0]]
-    assert AgreeProbe(3000.0, steps).straggler_ms == straggler_ms(steps) > 0
-
-
-def test_agree_probe_stretch_by_hand() -> None:
-    """The computation's slowdown while the communication thread works: median step under the rounds
-    over the median plain step, at least 1; None without plain steps."""
-    from trainsim.validate.dp import AgreeProbe
-
-    steps = [[60.0, 66.0, 63.0], [61.0, 64.0, 65.0]]  # per-rank medians 63, 64 -> 63.5
-    assert AgreeProbe(3000.0, steps, [[40.0, 42.0, 41.0], [44.0, 40.0, 42.0]]).stretch == pytest.approx(63.5 / 41.5)
-    assert AgreeProbe(3000.0, steps, [[70.0] * 3, [70.0] * 3]).stretch == 1.0  # never below 1
-    assert AgreeProbe(3000.0, steps).stretch is None
-    assert AgreeProbe(3000.0, steps, [[40.0], []]).stretch is None
-
-
 @pytest.mark.multiproc
 @pytest.mark.parametrize("rounds", [True, False])
 def test_p3_runtime_told_its_mode_keeps_ranks_in_sync(rounds: bool) -> None:
-    """The harness tells the runtime whether to agree by rounds or piggyback; either keeps the weights equal."""
+    """The harness tells the runtime whether to agree by rounds or piggyback (from its prediction);
+    either keeps the weights equal."""
     from trainsim.validate.launch import launch
 
     cfg = json.dumps({"model": "cnn", "mode": "p3", "steps": 3, "warmup": 1, "slice_bytes": 65536,
@@ -202,10 +269,8 @@ def test_p3_runtime_told_its_mode_keeps_ranks_in_sync(rounds: bool) -> None:
 
 @pytest.mark.multiproc
 def test_priority_runtimes_train_like_ddp() -> None:
-    """P3 (rounds or piggyback) and ByteScheduler (several partitions in flight, completions taken by a
-    thread of their own) end with torch DDP's weights after the same steps on the same data: the same
-    averaged gradient, the same SGD. (Until 2026-11-26 each step's backward added to the previous
-    step's averaged gradient, which the runtime had left in ``.grad``: 2 % off on the weights' sum.)"""
+    """P3 (rounds or piggyback) and ByteScheduler end with torch DDP's weights after the same steps on
+    the same data: the same averaged gradient, the same SGD; DDP with small buckets too."""
     from trainsim.validate.launch import launch
 
     def final(mode: str, **extra: object) -> float:
@@ -215,6 +280,7 @@ def test_priority_runtimes_train_like_ddp() -> None:
         return float(data["param_sum"])
 
     ddp = final("ddp")
+    assert final("ddp", bucket_cap_mb=0.05) == pytest.approx(ddp, rel=1e-9)
     assert final("p3", slice_bytes=65536, agree_rounds=True) == pytest.approx(ddp, rel=1e-9)
     assert final("p3", slice_bytes=65536, agree_rounds=False) == pytest.approx(ddp, rel=1e-9)
     assert final("bytescheduler", partition_bytes=16384, credit=3) == pytest.approx(ddp, rel=1e-9)
@@ -222,8 +288,8 @@ def test_priority_runtimes_train_like_ddp() -> None:
 
 @pytest.mark.multiproc
 def test_p3_trace_from_every_rank_on_one_clock() -> None:
-    """Traced, every rank prints its timeline with its reference time, so ranks line up: the same slice
-    all-reduce (a collective) overlaps in time on both ranks."""
+    """Traced, every rank prints its timeline with its reference time: the same slice all-reduce (a
+    collective) overlaps in time on both ranks."""
     from trainsim.validate.launch import launch
 
     cfg = json.dumps({"model": "cnn", "mode": "p3", "steps": 2, "warmup": 1, "slice_bytes": 65536,
@@ -233,7 +299,6 @@ def test_p3_trace_from_every_rank_on_one_clock() -> None:
     for d in outs:
         assert len(d["step_starts_ms"]) == 3 and d["p3_log"]
         slices.append([(d["t_ref_s"] * 1e3 + a, d["t_ref_s"] * 1e3 + b) for k, _, a, b in d["p3_log"] if k == "slice"])
-    # each rank logs from its own first measured step: compare where both logs run
     start = max(s[0][0] for s in slices)
     common = [(a, b) for a, b in slices[0] if a >= start]
     assert common
@@ -242,108 +307,10 @@ def test_p3_trace_from_every_rank_on_one_clock() -> None:
 
 
 def test_overlapping_steps_keep_what_ran_together() -> None:
-    from trainsim.validate.dp import overlapping_steps
-
-    # copy a starts 0.25 s before b and finishes before b: its first steps and b's last ran alone
+    """(Kept for ``validate.ooo`` and ``validate.pipeline``.)"""
     a = [0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05, 1.2]
     b = [0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.15, 1.3, 1.4, 1.5]
-    got = overlapping_steps([a, b], min_steps=3)
-    assert got[0] == pytest.approx([150.0] * 6)  # 0.3 .. 1.2
-    assert got[1] == pytest.approx([150.0] * 6)  # 0.25 .. 1.15 (1.15 -> 1.3 ends after a did)
-    # too few steps inside the window: the copy keeps them all
-    assert len(overlapping_steps([a, b], min_steps=7)[1]) == 9
-
-
-@pytest.mark.multiproc
-def test_corun_copies_start_together() -> None:
-    from trainsim.validate.dp import _corun_steps
-
-    per_rank = _corun_steps("mlp", 2, 8)
-    assert len(per_rank) == 2 and all(len(r) >= 5 and all(t > 0 for t in r) for r in per_rank)
-
-
-def test_interleaved_corun_per_round_by_hand() -> None:
-    """Each round's plain steps are cut to the window where every rank ran (``overlapping_steps``),
-    then joined per rank."""
-    from trainsim.validate.dp import interleaved_corun
-
-    # round 1: rank 1 starts 0.1 s late and runs one step alone at the end; round 2: together
-    r0 = [[0.0, 0.1, 0.2, 0.3], [1.0, 1.1, 1.2]]
-    r1 = [[0.1, 0.2, 0.3, 0.45], [1.0, 1.12, 1.24]]
-    got = interleaved_corun([r0, r1])
-    assert got[0] == pytest.approx([100.0, 100.0, 100.0, 100.0])  # 0.1-0.3, then all of round 2
-    assert got[1] == pytest.approx([100.0, 100.0, 120.0, 120.0])  # 0.1-0.3 (0.3-0.45 ran alone)
-
-
-@pytest.mark.multiproc
-@pytest.mark.parametrize("mode", ["ddp", "p3"])
-def test_interleaved_run_keeps_ranks_in_sync(mode: str) -> None:
-    """With ``interleave`` the measured steps alternate with the plain loop on a copy of the model: as
-    many measured steps as asked, every rank's plain steps per round, and the trained weights still
-    equal on both ranks (the copy never touches them)."""
-    from trainsim.validate.dp import interleaved_corun
-    from trainsim.validate.dp_worker import INTERLEAVE_ROUNDS
-    from trainsim.validate.launch import launch
-
-    steps = 3 * INTERLEAVE_ROUNDS
-    cfg = json.dumps({"model": "cnn", "mode": mode, "steps": steps, "warmup": 2, "slice_bytes": 65536,
-                      "interleave": True, "agree_rounds": True})  # fmt: skip
-    data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
-    assert data["params_in_sync"] and len(data["step_ms"]) == steps
-    marks = data["corun_marks"]
-    assert len(marks) == 2 and all(len(r) == INTERLEAVE_ROUNDS for r in marks)
-    per_rank = interleaved_corun(marks)
-    assert all(len(r) >= INTERLEAVE_ROUNDS and all(t > 0 for t in r) for r in per_rank)
-
-
-def test_concentration_charges_the_transfers_cpu_of_every_rank_sharing_the_host() -> None:
-    """``predict_ms(concentration=c)``: an all-reduce's host CPU that overlaps backward costs the rank
-    that sets the step c ranks' worth; not with ``alone`` and not on top of the P3 runtime's measured
-    stretch, which already holds it."""
-    from tests.transform.test_dataparallel import _profile_like
-    from trainsim.transform.dataparallel import ParamInfo
-    from trainsim.validate.dp import _Profiled, predict_ms
-
-    g, _, layers = _profile_like()
-    mib = 1 << 20
-    # two 20 MiB gradients: two DDP buckets, the first one's all-reduce overlaps layer a's backward
-    params = [ParamInfo(name="a.w", layer="a", numel=5 * mib, size_bytes=20 * mib),
-              ParamInfo(name="b.w", layer="b", numel=5 * mib, size_bytes=20 * mib)]  # fmt: skip
-    prof = _Profiled(g, params, layers, 0, [20 * mib, 20 * mib], 1.0, 1.0, 1.0, g)
-    cfg = RunConfig(model="mlp", rate_mbit=100.0)
-
-    def pred(**kw: object) -> float:
-        return predict_ms(prof, cfg, lambda b: 40.0, cpu_us=lambda b: 20.0, **kw)  # type: ignore[arg-type]
-
-    one, two = pred(), pred(concentration=2.0)
-    assert two > one
-    assert pred(concentration=1.0) == one
-    p3 = RunConfig(model="mlp", rate_mbit=100.0, mode="p3")
-    stretched = [predict_ms(prof, p3, lambda b: 40.0, cpu_us=lambda b: 20.0, comm_thread_stretch=1.5,
-                            concentration=c) for c in (1.0, 2.0)]  # fmt: skip
-    assert stretched[0] == stretched[1]
-
-
-def test_bytescheduler_prediction_takes_the_measured_round() -> None:
-    """ByteScheduler's runtime agrees on every partition by a round: the prediction charges the round
-    measured while training where there is one, else the calibrated tiny all-reduce."""
-    from tests.transform.test_dataparallel import _profile_like
-    from trainsim.transform.dataparallel import ParamInfo
-    from trainsim.validate.dp import RunConfig, _Profiled, predict_ms
-
-    g, _, layers = _profile_like()
-    mib = 1 << 20
-    params = [ParamInfo(name="a.w", layer="a", numel=mib, size_bytes=4 * mib),
-              ParamInfo(name="b.w", layer="b", numel=mib, size_bytes=4 * mib)]  # fmt: skip
-    prof = _Profiled(g, params, layers, 0, [8 * mib], 1.0, 1.0, 1.0, g)
-    bs = RunConfig(model="mlp", rate_mbit=100.0, mode="bytescheduler")
-
-    def pred(**kw: object) -> float:
-        return predict_ms(prof, bs, lambda b: 40.0 + b / 1e4, **kw)  # type: ignore[arg-type]
-
-    base, slow = pred(agree_us=100.0), pred(agree_us=5000.0)
-    assert slow > base > 0
-    assert pred(agree_us=5000.0, alone=True) == pytest.approx(pred(alone=True))  # alone: the calibrated round
-    for bad in ({"mode": "zero"}, {"credit": 0}, {"partition_bytes": 0}):
-        with pytest.raises(UserError, match="validate dp"):
-            RunConfig(model="mlp", rate_mbit=100.0, **bad)  # type: ignore[arg-type]
+    got = dp.overlapping_steps([a, b], min_steps=3)
+    assert got[0] == pytest.approx([150.0] * 6)
+    assert got[1] == pytest.approx([150.0] * 6)
+    assert len(dp.overlapping_steps([a, b], min_steps=7)[1]) == 9

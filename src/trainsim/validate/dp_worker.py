@@ -5,10 +5,8 @@
 
 Modes:
 
-- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` with its defaults (25 MiB buckets, 1 MiB first
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (``bucket_cap_mb``, default 25 MiB; 1 MiB first
   bucket, buffers broadcast before each forward) over gloo, SGD with momentum.
-- ``plain``: the single-process training loop with no communication at all (no process group); the
-  harness runs one copy per rank at once to measure how much co-running ranks slow each other down.
 - ``overhead``: one process (``WORLD_SIZE=1``) times the plain loop and the same loop under DDP,
   alternately: DDP's own host work per step (``ddp_overhead``), and the part of it after the last
   bucket's collective (``ddp_finalize_ms``).
@@ -21,9 +19,6 @@ Modes:
   ``partition_bytes`` pieces (default 4 MB), up to ``credit`` (4) all-reduces in flight at once.
 
 Prints one JSON line on rank 0: ``{"step_ms": [...], ...}`` (wall time between consecutive step starts).
-With ``"interleave": true`` (modes ``ddp``, ``p3`` and ``bytescheduler``) the measured steps alternate with a few steps of
-the plain loop on a copy of the model, every rank at once (``interleaved``), and the line adds
-``corun_marks``: per rank, per round, the plain steps' starts (the host's speed during the run).
 With ``"trace": true`` the p3 and bytescheduler modes add ``p3_log``: ``(kind, layer, start ms, end ms)`` of every slice
 all-reduce (``"slice"``) and every wait of a forward for its layer's slices (``"wait"``), relative to
 the first measured step's start, and ``step_starts_ms``; every rank then prints its own line.
@@ -40,7 +35,6 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from trainsim.run.ranks import loop_marks, step_starts
@@ -169,7 +163,7 @@ class P3Runtime:
 
     def drain(self) -> None:
         """Wait for the last step's slices and apply them; the next step starts afresh (its forward
-        waits for nothing), e.g. after other work in between (``interleaved``)."""
+        waits for nothing), e.g. after other work in between."""
         for li in range(len(self.layers)):
             self._before_forward(li)
         self.first_step = True
@@ -334,52 +328,6 @@ def _ddp_steps(net: Any, opt: Any, batch: Any, loss_fn: Any, warmup: int, steps:
     return step_starts(net, opt, batch, loss_fn, data)
 
 
-INTERLEAVE_ROUNDS = 4
-"""plain and measured segments per run where the harness asks for ``interleave`` (``interleaved``)"""
-
-
-def interleaved(
-    measured: Callable[[int, int, int], list[float]], plain_net: Any, batch: Any, loss_fn: Any, lr: float, *,
-    steps: int, warmup: int,
-    rounds: int = INTERLEAVE_ROUNDS, seg_warmup: int = 2,
-) -> tuple[list[float], list[list[list[float]]]]:  # fmt: skip
-    """Measured steps interleaved with the plain loop, so that a prediction can use the host's speed of
-    the same minute, on the same cores and processes, as the measurement.
-
-    ``rounds`` times (at most once per 3 measured steps): every rank runs a few steps of the plain
-    loop on ``plain_net`` (a copy of the model, no communication: the co-run loop of ``validate.dp``,
-    all ranks at once), then
-    ``measured(warmup, n, first)`` (e.g. ``_ddp_steps``), which runs ``warmup + n + 1`` steps numbered
-    from ``first`` and returns their starts; its first ``warmup`` steps (``warmup`` in the first round,
-    else ``seg_warmup``: the ranks meet again after the plain steps) are dropped. A shared host's speed
-    drifts by tens of percent within a minute (cnn's plain loop read 45, 52 and 58 ms in three minutes
-    on this VM), so a co-run factor taken before the run can be far from the run's. Returns the ``steps``
-    measured step times (ms) and, per rank, per round, the plain loop's step starts (seconds on the
-    host's monotonic clock: ``validate.dp.overlapping_steps`` keeps the steps that ran while every rank
-    ran the loop)."""
-    import torch.distributed as dist
-
-    rounds = max(1, min(rounds, steps // 3))  # at least 3 measured steps a round: short runs, fewer rounds
-    per = -(-steps // rounds)
-    out: list[float] = []
-    plain: list[list[float]] = []
-    first = 0
-    for r in range(rounds):
-        n = min(per, steps - len(out))
-        if n <= 0:
-            break
-        dist.barrier()
-        pw = 2 if r == 0 else 1
-        plain.append(loop_marks(plain_net, batch, loss_fn, lr, pw, n)[pw:])
-        w = warmup if r == 0 else seg_warmup
-        starts = measured(w, n, first)
-        first += w + n + 1
-        out += [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][w:]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, plain)
-    return out, every
-
-
 def _p3_steps(
     rt: P3Runtime, model: Any, batch: Any, loss_fn: Any, warmup: int, steps: int, rank: int, trace: bool,
     first: int = 0,
@@ -422,82 +370,6 @@ def runtime_overhead(
             q._post_accumulate_grad_hooks = None
     p, d = statistics.median(plain), statistics.median(p3)
     return {**out, "p3_ms": d, "p3_plain_ms": p, "p3_overhead_ms": max(0.0, d - p)}
-
-
-PROBE_PLAIN_STEPS = 6
-"""plain steps of ``agree_probe`` before and after its rounds (the first of each is dropped)"""
-
-
-def agree_probe(model: Any, batch: Any, loss_fn: Any, lr: float, rounds: int, slice_bytes: int) -> dict[str, Any]:
-    """Cost of the P3 runtime's agreement round while the ranks train: what one slice waits for.
-
-    A communication thread runs ``rounds`` agreement rounds (the tiny all-reduce of one counter per
-    rank that ``P3Runtime`` does before each slice), each followed by an all-reduce of ``slice_bytes``
-    as in the runtime, while the main thread runs the model's plain training loop (no gradient
-    exchange) until the thread is done. The rounds pay what an idle calibration misses: gloo's threads
-    and the communication thread wait for cores and for the GIL that the training loop holds. Returns
-    the rounds' times (µs, the slowest rank's for each) and their mean, ``round_us``; every rank's
-    training steps meanwhile (``steps_ms``), and the same loop's steps without the thread, run by every
-    rank at once just before and just after (``plain_steps_ms``): their ratio is how much the
-    communication thread slows the computation.
-    """
-    import torch
-    import torch.distributed as dist
-
-    from trainsim.run.ranks import train_while
-
-    world, rank = dist.get_world_size(), dist.get_rank()
-    times: list[float] = []
-
-    def comm() -> None:
-        counts = torch.zeros(world)
-        buf = torch.ones(max(1, slice_bytes // 4))
-        for i in range(rounds):
-            counts.zero_()
-            counts[rank] = float(i)
-            t0 = time.perf_counter()
-            dist.all_reduce(counts)
-            times.append((time.perf_counter() - t0) * 1e6)
-            dist.all_reduce(buf)
-
-    def train(step: int) -> float:
-        """One step of the plain loop; its time (ms)."""
-        t0 = time.perf_counter()
-        x, y = batch(step * 1000 + rank)
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-        return (time.perf_counter() - t0) * 1e3
-
-    def plain_steps(first: int) -> list[float]:
-        """The same loop with no communication thread, every rank at once (the speed without it); the
-        first step after the barrier warms up and is dropped."""
-        dist.barrier()
-        return [train(i) for i in range(first, first + PROBE_PLAIN_STEPS)][1:]
-
-    def every_rank(mine: list[float]) -> list[list[float]]:
-        got = [torch.zeros(len(mine), dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(got, torch.tensor(mine, dtype=torch.float64))
-        return [g.tolist() for g in got]
-
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    x, y = batch(rank)
-    loss_fn(model(x), y).backward()  # warm the loop up
-    plain = plain_steps(10_000)
-    dist.barrier()
-    step_ms: list[float] = []
-    step = train_while(comm, lambda i: step_ms.append(train(i)), 0, f"agreement probe on rank {rank}")
-    plain += plain_steps(20_000)
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    # the first rounds overlap the ranks' different start-up; keep the steady part
-    steady = t.tolist()[max(1, rounds // 5):]
-    # every rank's training steps while the rounds ran (the first one warms up): their jitter under
-    # the communication thread's load
-    n = torch.tensor([len(step_ms) - 1], dtype=torch.int64)
-    dist.all_reduce(n, op=dist.ReduceOp.MIN)
-    return {"round_us": statistics.fmean(steady), "rounds_us": steady, "train_steps": step,
-            "steps_ms": every_rank(step_ms[1 : 1 + int(n.item())]), "plain_steps_ms": every_rank(plain)}  # fmt: skip
 
 
 def alternating_ms(nets: dict[str, Any], batch: Any, loss_fn: Any, lr: float, warmup: int, steps: int) -> dict[str, float]:
@@ -591,50 +463,27 @@ def main(cfg: dict[str, Any]) -> None:
     from trainsim.models.zoo import ZooSpec, build_with_batches
 
     torch.set_num_threads(int(cfg.get("threads", 1)))
-    spec = ZooSpec(batch_size=int(cfg.get("batch_size", 32)))
+    spec = ZooSpec(batch_size=int(cfg.get("batch_size", 32)), width=int(cfg.get("width", 1024)),
+                   depth=int(cfg.get("depth", 4)))  # fmt: skip
     model, batch = build_with_batches(cfg["model"], seed=int(cfg.get("seed", 0)), spec=spec)
     loss_fn = torch.nn.CrossEntropyLoss()
     lr = float(cfg.get("lr", 0.01))
     mode = cfg.get("mode", "ddp")
     warmup, steps = int(cfg.get("warmup", 3)), int(cfg.get("steps", 6))
-    if mode == "plain":  # no communication: the single-process loop, to time co-running copies of it
-        # copies started together start their loops together (``start_at``, epoch seconds: after every
-        # copy has imported torch); ``marks`` lets the caller keep the steps that ran while all did
-        time.sleep(max(0.0, float(cfg.get("start_at", 0.0)) - time.time()))
-        marks = loop_marks(model, batch, loss_fn, lr, warmup, steps)
-        ms = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)][warmup:]
-        print(json.dumps({"step_ms": ms, "marks": marks[warmup:]}), flush=True)
-        return
     dist.init_process_group("gloo")
     if mode == "overhead":  # one process: DDP's own host cost per step (see ``ddp_overhead``)
         slice_bytes = int(cfg.get("slice_bytes", 256 * 1024))
         print(json.dumps(runtime_overhead(model, batch, loss_fn, lr, warmup, steps, slice_bytes)), flush=True)
         dist.destroy_process_group()
         return
-    if mode == "agree_probe":  # the P3 runtime's agreement round while training (``agree_probe``)
-        out = agree_probe(model, batch, loss_fn, lr, int(cfg.get("rounds", 60)), int(cfg.get("slice_bytes", 1 << 16)))
-        if dist.get_rank() == 0:
-            print(json.dumps(out), flush=True)
-        dist.destroy_process_group()
-        return
     rank = dist.get_rank()
-    starts: list[float] = []
     extra: dict[str, Any] = {}
-    step_ms: list[float] | None = None
-    # ``interleave``: the measured steps alternate with the plain loop on a copy of the model (the
-    # host's speed meanwhile, ``interleaved``); the copy's weights never meet the model's
-    plain_net = copy.deepcopy(model) if cfg.get("interleave") else None
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        net = DDP(model)
+        net = DDP(model, bucket_cap_mb=float(cfg.get("bucket_cap_mb", 25.0)))
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-        if plain_net is not None:
-            step_ms, extra["corun_marks"] = interleaved(
-                lambda w, n, first: _ddp_steps(net, opt, batch, loss_fn, w, n, rank, first),
-                plain_net, batch, loss_fn, lr, steps=steps, warmup=warmup)  # fmt: skip
-        else:
-            starts = _ddp_steps(net, opt, batch, loss_fn, warmup, steps, rank)
+        starts = _ddp_steps(net, opt, batch, loss_fn, warmup, steps, rank)
         data = net._get_ddp_logging_data()
         extra.update({k: data.get(k) for k in ("rebuilt_bucket_sizes", "rebuilt_per_bucket_param_indices")})
     elif mode in ("p3", "bytescheduler"):
@@ -648,17 +497,7 @@ def main(cfg: dict[str, Any]) -> None:
         else:  # ByteScheduler: bigger pieces, several in flight
             rt = P3Runtime(model, lr, int(cfg.get("partition_bytes", BS_PARTITION_BYTES)),
                            credit=int(cfg.get("credit", BS_CREDIT)))  # fmt: skip
-        if plain_net is not None:
-
-            def p3_segment(w: int, n: int, first: int) -> list[float]:
-                starts = _p3_steps(rt, model, batch, loss_fn, w, n, rank, False, first)
-                rt.drain()  # the segment's last slices land before the plain steps
-                return starts
-
-            step_ms, extra["corun_marks"] = interleaved(p3_segment, plain_net, batch, loss_fn, lr, steps=steps,
-                                                        warmup=warmup)  # fmt: skip
-        else:
-            starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, rank, bool(cfg.get("trace")))
+        starts = _p3_steps(rt, model, batch, loss_fn, warmup, steps, rank, bool(cfg.get("trace")))
         rt.finish()
         extra["p3_agreement_rounds"] = rt.agree_rounds
         if rt.log is not None:  # --- timeline of the measured steps, relative to their first start
@@ -668,8 +507,7 @@ def main(cfg: dict[str, Any]) -> None:
             extra["t_ref_s"] = t_ref  # time.perf_counter (CLOCK_MONOTONIC: one clock for every rank on a host)
     else:
         raise SystemExit(f"dp_worker: unknown mode {mode!r}")
-    if step_ms is None:
-        step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
+    step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
     t = torch.tensor(step_ms, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     # every rank must hold the same weights after training: a check that gradients were synchronised
