@@ -37,7 +37,7 @@ import click
 
 from trainsim.errors import UserError
 
-FORMAT = 1
+FORMAT = 2
 """version of the file layout"""
 GRID = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 """all-reduce sizes (bytes) of the link calibration: x8 apart, none of them a validated model's gradient"""
@@ -81,6 +81,9 @@ class MachineCalibration:
     """one standard kernel on one idle process"""
     corun_slowdown: dict[str, float]
     """``{k: time with k processes at once / time alone}``"""
+    load_avg: float
+    """the host's 1-minute load average when the calibration started: other work running then is in
+    every figure above (``calibrate_machine`` warns when it exceeds half the cores)"""
 
     def host_us(self, size_bytes: float) -> float:
         """The host's cost of one 2-rank all-reduce of ``size_bytes`` over an unshaped link."""
@@ -134,8 +137,9 @@ class MachineCalibration:
 
     def describe(self, path: Path) -> dict[str, Any]:
         """What a result file records about the calibration it used."""
-        return {"file": str(path), "created_at": self.created_at, "version": self.version,
-                "link_efficiency": self.link_efficiency, "kernel_ms": self.kernel_ms}  # fmt: skip
+        return {"file": str(path), "created_at": self.created_at, "version": self.version, "load_avg": self.load_avg,
+                "link_efficiency": self.link_efficiency, "kernel_ms": self.kernel_ms,
+                "corun_slowdown": self.corun_slowdown}  # fmt: skip
 
 
 def identity() -> dict[str, Any]:
@@ -197,6 +201,11 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     from trainsim.validate.netns import netns_unavailable
 
     say = log or (lambda s: None)
+    load = os.getloadavg()[0]
+    cores = os.cpu_count() or 1
+    if load > 0.5 * cores:
+        say(f"warning: the host is busy (load average {load:.1f} on {cores} cores); the calibration measures "
+            "that load too: calibrate on a quiet host (trainsim validate calibrate --recalibrate)")
     say("machine calibration: gloo all-reduce, all-gather and send over loopback, fixed grid of sizes")
     loop = calibrate(world=2, sizes=GRID, reps=3, budget_s=0.15, allgather_sizes=GRID, p2p_sizes=GRID)
     sizes = np.array(GRID, dtype=float)
@@ -228,7 +237,7 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
         shaped_rate_mbit=rate, shaped_us=[round(x, 2) for x in shaped], link_efficiency=round(eff, 4),
         allgather_loopback_us=[round(float(x), 2) for x in ag], allgather_line=_line(sizes, ag),
         p2p_loopback_us=[round(float(x), 2) for x in pp], p2p_line=_line(sizes, pp),
-        kernel_ms=round(alone, 4), corun_slowdown=corun,
+        kernel_ms=round(alone, 4), corun_slowdown=corun, load_avg=round(load, 2),
     )  # fmt: skip
 
 
