@@ -3,7 +3,7 @@
     python benchmarks/plan_accuracy.py            # all ten rows, fit + leave-one-out (~3-5 min on 2 cores)
     python benchmarks/plan_accuracy.py --quick    # no leave-one-out
 
-Writes the "accuracy" section of docs/benchmarks/plan.md.
+Writes the "accuracy" section of the plan records (docs/benchmarks/plan.<name>.json).
 """
 
 from __future__ import annotations

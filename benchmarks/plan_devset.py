@@ -8,7 +8,7 @@ Headline: leave-one-source-out (LOSO): the efficiency constants are refitted wit
 that source is scored; every source takes its turn. Also reported: the prior constants (GEMM curve fitted
 on Megatron-LM's Table 1 only, the Hopper/attention/FP8/overlap factors as assumed before any fit, so out of
 sample here) and the in-sample fit on all rows (labelled; optime.DEFAULT_EFFICIENCY ships it, rounded).
-Writes docs/benchmarks/plan_devset.json and the "devset" section of docs/benchmarks/plan.md.
+Writes docs/benchmarks/plan_devset.json and the "devset" plan record (docs/benchmarks/plan.<name>.json).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python benchmarks/plan_memory.py     # ~1-2 min
 
-Writes the "memory" section of docs/benchmarks/plan.md.
+Writes the "memory" section of the plan records (docs/benchmarks/plan.<name>.json).
 """
 
 from __future__ import annotations

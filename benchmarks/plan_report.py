@@ -1,21 +1,13 @@
-"""Shared by the plan_* benchmarks: write one section of docs/benchmarks/plan.md (others are kept)."""
+"""Shared by the plan_* benchmarks: record one section as docs/benchmarks/plan.<name>.json."""
 
 from __future__ import annotations
 
-import datetime
 import os
 import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "plan.md"
-HEADER = """# Planner benchmarks (trainsim estimate / plan)
-
-Each section is written by the benchmark script named in it; re-run a script to refresh its section.
-Machine notes: the development machine has 2 shared CPU cores, so timings there are noisy.
-"""
 
 
 def machine() -> str:
@@ -30,17 +22,13 @@ def machine() -> str:
     return f"{platform.node()}: {cpu}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}"
 
 
-def write_section(name: str, body: str) -> None:
-    """Replace (or append) the section ``name`` of docs/benchmarks/plan.md."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def write_section(name: str, body: str) -> Path:
+    """Record the section ``name`` as ``docs/benchmarks/plan.<name>.json`` (``python3 dev.py results``
+    renders it into docs/benchmarks.md)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results import record_report
+
     cmd = "python " + " ".join([f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
-    block = (
-        f"<!-- {name}:start -->\n## {name}\n\nCommand: `{cmd}`  \nMachine: {machine()}  \nDate: {now}\n\n"
-        f"{body.strip()}\n<!-- {name}:end -->"
-    )
-    text = DOC.read_text() if DOC.exists() else HEADER
-    pat = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
-    text = pat.sub(lambda _: block, text) if pat.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text)
-    print(block)
+    report = f"## {name}\n\nCommand: `{cmd}`  \nMachine: {machine()}\n\n{body.strip()}\n"
+    print(report)
+    return record_report("plan", name, report)

@@ -4,7 +4,7 @@ homogeneous and heterogeneous clusters, and a heterogeneous case checked in simu
     python benchmarks/plan_search.py           # ~5-10 min on 2 shared cores
     python benchmarks/plan_search.py --quick   # skips the Megatron-row sweep
 
-Writes the "search" section of docs/benchmarks/plan.md.
+Writes the "search" section of the plan records (docs/benchmarks/plan.<name>.json).
 """
 
 from __future__ import annotations

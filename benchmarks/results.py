@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "docs" / "benchmarks"
 PAGE = ROOT / "docs" / "benchmarks.md"
 SCHEMA = 1  # the value of "trainsim_result" in every record; bump when the envelope changes
-AREAS = ["core", "whatif", "cluster", "compress", "ooo", "plan", "goodput"]  # page order; others follow
+AREAS = ["validate", "core", "whatif", "cluster", "compress", "ooo", "plan", "goodput"]  # page order; others follow
 MAX_ROWS = 12  # rows of a headline shown on the page; the record keeps them all
 FIELDS = ("area", "name", "title", "command", "machine", "date", "git_rev", "headline")  # required
 
@@ -171,7 +171,7 @@ def render(directory: Path | None = None) -> str:
     ]
     for area in areas:
         lines += ["", f"## {area}"]
-        for doc in sorted(records.get(area, []), key=lambda d: d["name"]):
+        for doc in sorted(records.get(area, []), key=lambda d: (not d.get("lead"), d["name"])):
             head = doc["headline"]
             lines += [
                 "",
