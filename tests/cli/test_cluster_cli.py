@@ -50,7 +50,7 @@ def test_scaleout_trace_without_params(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_calibrate_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--rate", "0"]) == 2
-    assert main(["calibrate", "--delay", "-2"]) == 2
+    assert main(["calibrate", "--latency-us", "-2"]) == 2
     assert main(["calibrate", "--max-bytes", "lots"]) == 2
     assert main(["calibrate", "--launches", "3", "--launch-seconds", "0"]) == 2
     assert main(["calibrate", "--floor-launches", "-1"]) == 2

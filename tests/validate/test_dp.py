@@ -115,7 +115,7 @@ def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown model" in capsys.readouterr().err
     assert main(["validate", "dp", "--rate", "0"]) == 2
     assert main(["validate", "dp", "--rate", "-5"]) == 2
-    assert main(["validate", "dp", "--delay", "-1"]) == 2
+    assert main(["validate", "dp", "--latency-us", "-1"]) == 2
     assert main(["validate", "dp", "--passes", "0"]) == 2
     assert "--passes 0" in capsys.readouterr().err
     assert main(["validate", "dp", "--seed", "-3"]) == 2

@@ -1,6 +1,6 @@
 """Cluster commands: ``trainsim calibrate`` and ``trainsim scaleout``.
 
-    $ trainsim calibrate --rate 100 --delay 2 --max-bytes 16MB --out net.json
+    $ trainsim calibrate --rate 100 --latency-us 2000 --max-bytes 16MB --out net.json
     $ trainsim scaleout out/mlp.json.gz --cluster my.toml --world 8 --mode p3 --json
 
 ``calibrate`` measures gloo all-reduce times between processes (each in its own network namespace,
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 
 
@@ -30,7 +31,8 @@ def _parse_bytes(text: str) -> int:
 @click.command("calibrate")
 @click.option("--world", type=int, default=2, show_default=True, help="processes")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None, help="shape links to this many Mbit/s (default: unshaped)")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--latency-us", "delay", type=click.FloatRange(min=0), default=0.0, show_default=True, callback=us_to_ms,
+              help="added one-way latency, us")
 @click.option("--min-bytes", default="1KB", show_default=True, help="smallest all-reduce")
 @click.option("--max-bytes", default="16MB", show_default=True, help="largest all-reduce")
 @click.option("--reps", type=int, default=5, show_default=True, help="repetitions per size at least (mean kept)")

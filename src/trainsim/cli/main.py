@@ -41,13 +41,17 @@ COMMANDS: dict[str, str] = {
 
 RENAMED: dict[tuple[str, ...], dict[str, tuple[str, float]]] = {
     ("bench-sim",): {"--repeat": ("--repeats", 1.0)},
+    ("calibrate",): {"--delay": ("--latency-us", 1000.0)},
+    ("validate", "dp"): {"--delay": ("--latency-us", 1000.0)},
+    ("validate", "ooo-dp"): {"--delay": ("--latency-us", 1000.0)},
+    ("validate", "pipeline"): {"--delay": ("--latency-us", 1000.0)},
     ("ooo", "order"): {"--ranks": ("--world", 1.0)},
     ("ooo", "pipeline"): {"--ranks": ("--world", 1.0)},
     ("scaleout",): {"--ranks": ("--world", 1.0)},
     ("whatif",): {"--network-bw": ("--network-bw-factor", 1.0)},
 }
 """Flags renamed in 0.2 so that one name means one thing with its unit in it (``--world`` for ranks,
-``--*-factor`` for multipliers): ``{command path: {old: (new, factor on the value)}}``. The old name
+``--*-factor`` for multipliers, ``--latency-us`` for an added one-way latency, given in ms as ``--delay``): ``{command path: {old: (new, factor on the value)}}``. The old name
 still works for one release, with a warning on stderr."""
 
 

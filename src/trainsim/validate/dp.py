@@ -3,7 +3,7 @@
     $ trainsim validate calibrate                 # once per machine (``validate.machine``)
     $ trainsim validate dp --quick
     $ trainsim validate dp --seed 7 --json --out dp.json
-    $ trainsim validate dp --model mlp --rate 100 --delay 5 --mode ddp --mode p3
+    $ trainsim validate dp --model mlp --rate 100 --latency-us 5000 --mode ddp --mode p3
 
 It follows ``trainsim.validate.protocol``:
 
@@ -50,6 +50,7 @@ from typing import Any
 
 import click
 
+from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.transform.scheduling import BYTESCHEDULER_CREDIT as BS_CREDIT
 from trainsim.transform.scheduling import BYTESCHEDULER_PARTITION_BYTES as BS_PARTITION_BYTES
@@ -467,7 +468,8 @@ def select_configs(quick: bool, seed: int, models: tuple[str, ...] = (), rates: 
 @click.option("--model", "models", multiple=True, help="zoo model(s) for a custom fixed set (mlp, cnn, transformer)")
 @click.option("--rate", "rates", type=click.FloatRange(min=0, min_open=True), multiple=True,
               help="link rate(s) in Mbit/s for a custom fixed set")
-@click.option("--delay", "delays", type=click.FloatRange(min=0), multiple=True, help="added one-way latency(ies) in ms")
+@click.option("--latency-us", "delays", type=click.FloatRange(min=0), multiple=True, callback=us_to_ms,
+              help="added one-way latency(ies), us")
 @click.option("--mode", "modes", type=click.Choice(RUN_MODES), multiple=True,
               help="ddp, p3 and/or bytescheduler (4 MB partitions, credit 4)")
 @click.option("--steps", type=int, default=None, help="measured steps per run (default 10; 5 with --quick)")
@@ -513,7 +515,7 @@ def dp_command(
     for n in notes:
         log(f"note: {n}")
     cmd = ("trainsim validate dp" + (" --quick" if quick else "") + "".join(f" --model {m}" for m in models)
-           + "".join(f" --rate {r:g}" for r in rates) + "".join(f" --delay {d:g}" for d in delays)
+           + "".join(f" --rate {r:g}" for r in rates) + "".join(f" --latency-us {1000 * d:g}" for d in delays)
            + "".join(f" --mode {m}" for m in modes) + f" --steps {steps} --warmup {warmup} --passes {passes} --seed {seed}")  # fmt: skip
     meta = {"command": cmd, "calibration": mcal.describe(cal_path), "quick": quick, "passes": passes, "notes": notes,
             "steps": steps, "warmup": warmup,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
 
@@ -321,7 +322,8 @@ def real_runner(*, steps: int, warmup: int, shaped: bool) -> Iterator[Runner]:
 @click.option("--blocks", type=click.IntRange(min=1), default=None,
               help="transformer blocks / mlp depth (custom case; default 4)")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="link rate, Mbit/s (custom case)")
-@click.option("--delay", type=click.FloatRange(min=0), default=None, help="added one-way latency, ms (custom case; default 0)")
+@click.option("--latency-us", "delay", type=click.FloatRange(min=0), default=None, callback=us_to_ms,
+              help="added one-way latency, us (custom case; default 0)")
 @click.option("--k", type=int, help="layers reordered (custom case; default: the simulator's best k)")
 @click.option("--steps", type=click.IntRange(min=1), default=12, show_default=True, help="measured steps per run")
 @click.option("--seed", type=int, default=None, help="seed of the drawn configurations (default: a fresh one, printed)")

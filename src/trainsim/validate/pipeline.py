@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
 
@@ -307,7 +308,8 @@ def post_us_per_op(ranks: list[dict[str, Any]]) -> list[dict[str, float]]:
 @click.option("--blocks", type=click.IntRange(min=1), default=6, show_default=True, help="transformer blocks")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True, help="link rate, Mbit/s")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, help="added one-way latency, ms")
+@click.option("--latency-us", "delay", type=click.FloatRange(min=0), default=0.0, show_default=True, callback=us_to_ms,
+              help="added one-way latency, us")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True, help="measured steps per run")
 @click.option("--seed", type=int, default=None, help="seed of the drawn configurations (default: a fresh one, printed)")
 @click.option("--passes", type=int, default=3, show_default=True, help="runs per configuration, interleaved")
