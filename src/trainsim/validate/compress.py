@@ -49,6 +49,7 @@ import click
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
 from trainsim.validate.dp import MLP_DEFAULT, Profile
+from trainsim.validate.protocol import protocol_options
 
 WORLD = 2
 """ranks of every run"""
@@ -374,15 +375,7 @@ def run_validation(
               help=f"measured steps per run (default 12; 3 with --quick): a third of them where a step takes over a "
                    f"second, more (up to {MAX_STEP_FACTOR}x) where they would take under {MEASURE_S:g} s")
 @click.option("--warmup", type=int, default=2, show_default=True, help="warm-up steps per run")
-@click.option("--passes", type=int, default=3, show_default=True, help="runs per configuration, interleaved")
-@click.option("--seed", type=int, default=None, help="seed of the drawn configurations (default: a fresh one, printed)")
-@click.option("--calibration", "calibration", type=click.Path(dir_okay=False), default=None,
-              help="machine calibration file (default ~/.cache/trainsim/machine.json; measured when missing)")
-@click.option("--recalibrate", is_flag=True, help="measure the machine calibration again first")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="result file (predictions are written here before the runs); default out/compress-<time>.json")
-@click.option("--force", is_flag=True, help="overwrite --out if it exists")
-@click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
+@protocol_options("compress")
 def compress_command(
     quick: bool, rates: tuple[float, ...], algorithms: tuple[str, ...], model: str, steps: int | None, warmup: int,
     passes: int, seed: int | None, calibration: str | None, recalibrate: bool, out: str | None, force: bool,

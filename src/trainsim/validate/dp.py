@@ -55,6 +55,7 @@ from trainsim.errors import UserError
 from trainsim.transform.scheduling import BYTESCHEDULER_CREDIT as BS_CREDIT
 from trainsim.transform.scheduling import BYTESCHEDULER_PARTITION_BYTES as BS_PARTITION_BYTES
 from trainsim.validate import progress_log
+from trainsim.validate.protocol import protocol_options
 
 RUN_MODES = ("ddp", "p3", "bytescheduler")
 """what ``validate dp`` runs: torch DDP, the P3-style runtime, and that runtime with ByteScheduler's
@@ -474,15 +475,7 @@ def select_configs(quick: bool, seed: int, models: tuple[str, ...] = (), rates: 
               help="ddp, p3 and/or bytescheduler (4 MB partitions, credit 4)")
 @click.option("--steps", type=int, default=None, help="measured steps per run (default 10; 5 with --quick)")
 @click.option("--warmup", type=int, default=None, help="warm-up steps per run (default 3; 2 with --quick)")
-@click.option("--passes", type=int, default=3, show_default=True, help="runs per configuration, interleaved")
-@click.option("--seed", type=int, default=None, help="seed of the drawn configurations (default: a fresh one, printed)")
-@click.option("--calibration", "calibration", type=click.Path(dir_okay=False), default=None,
-              help="machine calibration file (default ~/.cache/trainsim/machine.json; measured when missing)")
-@click.option("--recalibrate", is_flag=True, help="measure the machine calibration again first")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="result file (predictions are written here before the runs); default out/dp-<time>.json")
-@click.option("--force", is_flag=True, help="overwrite --out if it exists")
-@click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
+@protocol_options("dp")
 def dp_command(
     quick: bool, models: tuple[str, ...], rates: tuple[float, ...], delays: tuple[float, ...], modes: tuple[str, ...],
     steps: int | None, warmup: int | None, passes: int, seed: int | None, calibration: str | None, recalibrate: bool,

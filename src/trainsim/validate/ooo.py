@@ -41,6 +41,7 @@ import click
 from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
+from trainsim.validate.protocol import protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
@@ -326,18 +327,10 @@ def real_runner(*, steps: int, warmup: int, shaped: bool) -> Iterator[Runner]:
               help="added one-way latency, us (custom case; default 0)")
 @click.option("--k", type=int, help="layers reordered (custom case; default: the simulator's best k)")
 @click.option("--steps", type=click.IntRange(min=1), default=12, show_default=True, help="measured steps per run")
-@click.option("--seed", type=int, default=None, help="seed of the drawn configurations (default: a fresh one, printed)")
-@click.option("--passes", type=int, default=3, show_default=True, help="runs per configuration, interleaved")
-@click.option("--calibration", "cal_file", type=click.Path(dir_okay=False), default=None,
-              help="machine calibration file (default ~/.cache/trainsim/machine.json; measured if missing)")
-@click.option("--recalibrate", is_flag=True, help="measure the machine calibration again first")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="result file (predictions written before the runs); default out/ooo-dp-<time>.json")
-@click.option("--force", is_flag=True, help="overwrite --out if it exists")
-@click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
+@protocol_options("ooo-dp")
 def ooo_dp_command(
     quick: bool, model: str | None, blocks: int | None, rate: float | None, delay: float | None, k: int | None,
-    steps: int, seed: int | None, passes: int, cal_file: str | None, recalibrate: bool, out: str | None, force: bool,
+    steps: int, seed: int | None, passes: int, calibration: str | None, recalibrate: bool, out: str | None, force: bool,
     as_json: bool,
 ) -> None:  # fmt: skip
     """Predict reverse-first-k data parallelism and the DDP order from a profile and the machine
@@ -366,7 +359,7 @@ def ooo_dp_command(
     path = check_result_path(out, force, f"ooo-dp-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     err = Console(stderr=True)
     log = progress_log(err)
-    mc, cal_path = load_machine(Path(cal_file) if cal_file else None, recalibrate=recalibrate, log=log)
+    mc, cal_path = load_machine(Path(calibration) if calibration else None, recalibrate=recalibrate, log=log)
     cases = [*fixed, *draw_cases(seed, quick)]
     log(f"seed {seed} (repeat this draw with --seed {seed}); {len(cases)} cases; results -> {path}")
     opts = "".join(f" --{n} {v}" for n, v in (("model", model), ("blocks", blocks), ("rate", rate), ("delay", delay),

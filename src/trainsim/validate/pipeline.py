@@ -48,6 +48,7 @@ import click
 from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
+from trainsim.validate.protocol import protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
@@ -311,18 +312,10 @@ def post_us_per_op(ranks: list[dict[str, Any]]) -> list[dict[str, float]]:
 @click.option("--latency-us", "delay", type=click.FloatRange(min=0), default=0.0, show_default=True, callback=us_to_ms,
               help="added one-way latency, us")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True, help="measured steps per run")
-@click.option("--seed", type=int, default=None, help="seed of the drawn configurations (default: a fresh one, printed)")
-@click.option("--passes", type=int, default=3, show_default=True, help="runs per configuration, interleaved")
-@click.option("--calibration", "cal_file", type=click.Path(dir_okay=False), default=None,
-              help="machine calibration file (default ~/.cache/trainsim/machine.json; measured if missing)")
-@click.option("--recalibrate", is_flag=True, help="measure the machine calibration again first")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="result file (predictions written before the runs); default out/pipeline-<time>.json")
-@click.option("--force", is_flag=True, help="overwrite --out if it exists")
-@click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
+@protocol_options("pipeline")
 def pipeline_command(
     quick: bool, mbs: tuple[int, ...], schedules: tuple[str, ...], blocks: int, batch_size: int, rate: float,
-    delay: float, steps: int, seed: int | None, passes: int, cal_file: str | None, recalibrate: bool, out: str | None,
+    delay: float, steps: int, seed: int | None, passes: int, calibration: str | None, recalibrate: bool, out: str | None,
     force: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Predict GPipe, 1F1B, interleaved and zero-bubble schedules on 2 processes from a profile and the
@@ -344,7 +337,7 @@ def pipeline_command(
     path = check_result_path(out, force, f"pipeline-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     err = Console(stderr=True)
     log = progress_log(err)
-    mc, cal_path = load_machine(Path(cal_file) if cal_file else None, recalibrate=recalibrate, log=log)
+    mc, cal_path = load_machine(Path(calibration) if calibration else None, recalibrate=recalibrate, log=log)
     cases = [case, draw_case(seed, quick)]
     log(f"seed {seed} (repeat this draw with --seed {seed}); "
         f"{sum(len(c.configs()) for c in cases)} configurations; results -> {path}")  # fmt: skip

@@ -212,6 +212,33 @@ class ResultFile:
         write_json(self.path, self.doc)
 
 
+def protocol_options(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options every ``validate`` command of the protocol shares, with one wording: ``--passes``,
+    ``--seed``, ``--calibration``, ``--recalibrate``, ``--out``, ``--force`` and ``--json`` (the
+    command receives ``passes, seed, calibration, recalibrate, out, force, as_json``)."""
+    import click
+
+    opts = [
+        click.option("--passes", type=int, default=3, show_default=True, help="runs per configuration, interleaved"),
+        click.option("--seed", type=int, default=None,
+                     help="seed of the drawn configurations (default: a fresh one, printed)"),
+        click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+                     help="machine calibration file (default ~/.cache/trainsim/machine.json; measured when missing)"),
+        click.option("--recalibrate", is_flag=True, help="measure the machine calibration again first"),
+        click.option("--out", type=click.Path(dir_okay=False), default=None,
+                     help=f"result file (predictions are written here before the runs); default out/{name}-<time>.json"),
+        click.option("--force", is_flag=True, help="overwrite --out if it exists"),
+        click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object"),
+    ]  # fmt: skip
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return wrap
+
+
 RunOne = Callable[[int, int], "float | tuple[float, dict[str, Any]]"]
 """``run_one(i, pass_index)`` runs configuration ``i`` for real and returns its measured step (ms), or
 ``(step_ms, diagnostics)``."""
