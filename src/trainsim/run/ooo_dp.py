@@ -24,11 +24,9 @@ hook does, so updated weights equal DDP's for the same data (``tests/run/test_oo
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -40,6 +38,7 @@ from trainsim.run.ranks import (
     Popen,
     init_gloo,
     local_popen,
+    rank_main,
     run_workers,
     segments,
     slowest_rank_steps,
@@ -257,7 +256,6 @@ class OooDataParallel:
 
 # ---------------------------------------------------------------------- worker process
 def _worker(cfg: DpRunConfig, rank: int, master: str, port: int, out: Path) -> None:
-    import os
 
     import torch
     import torch.distributed as dist
@@ -356,22 +354,9 @@ def run_dp(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="one rank of a trainsim data-parallel run (started by run_dp)")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--config", required=True)
-    a = ap.parse_args(argv)
-    _worker(DpRunConfig(**json.loads(a.config)), a.rank, a.master, a.port, a.out)
-    return 0
+def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    _worker(DpRunConfig(**cfg), rank, master, port, Path(out))
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # skip interpreter teardown: the result is written; gloo's and DDP's threads can abort in static
-    # destructors afterwards ("terminate called without an active exception"), failing a finished rank
-    os._exit(code)
+    rank_main(_rank, "one rank of a trainsim data-parallel run (started by run_dp)")

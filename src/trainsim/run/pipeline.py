@@ -17,12 +17,10 @@ any process starts; a crashed rank stops the run with ``RankFailed`` naming it.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from trainsim.run.ranks import (
     ThreadClock,
     init_gloo,
     local_popen,
+    rank_main,
     run_workers,
     segments,
     slowest_rank_steps,
@@ -123,7 +122,6 @@ def even_split(n: int, stages: int) -> list[int]:
 
 
 def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) -> None:
-    import os
 
     import torch
     import torch.distributed as dist
@@ -295,24 +293,9 @@ def run_pipeline(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="one rank of a trainsim pipeline run (started by run_pipeline)")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--config", required=True)
-    a = ap.parse_args(argv)
-    raw = json.loads(a.config)
-    raw["split"] = tuple(raw.get("split", ()))
-    _worker(PipeRunConfig(**raw), a.rank, a.master, a.port, a.out)
-    return 0
+def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    _worker(PipeRunConfig(**{**cfg, "split": tuple(cfg.get("split", ()))}), rank, master, port, Path(out))
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # skip interpreter teardown: the result is written; gloo's and DDP's threads can abort in static
-    # destructors afterwards ("terminate called without an active exception"), failing a finished rank
-    os._exit(code)
+    rank_main(_rank, "one rank of a trainsim pipeline run (started by run_pipeline)")

@@ -29,6 +29,32 @@ Popen = Callable[..., "subprocess.Popen[Any]"]
 """``popen(rank, argv, **subprocess_kwargs)`` starts rank ``rank``."""
 
 
+RankBody = Callable[[dict[str, Any], int, str, int, str], None]
+"""``body(config, rank, master, port, out)``: one rank's work, which writes its result to ``out``"""
+
+
+def rank_main(body: RankBody, description: str, argv: Sequence[str] | None = None) -> None:
+    """The worker side of ``launch``, the same for every rank entry point: ``python -m trainsim.run.<x>
+    --rank R --master HOST --port P --out FILE --config JSON`` runs ``body`` with the parsed config,
+    then leaves without interpreter teardown (the result is written; gloo's and DDP's threads can
+    abort in static destructors afterwards, "terminate called without an active exception", failing
+    a finished rank)."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", required=True)
+    a = ap.parse_args(argv)
+    body(json.loads(a.config), a.rank, a.master, a.port, a.out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 class RankFailed(RuntimeError):
     """A rank crashed or the run timed out; the message names the rank."""
 

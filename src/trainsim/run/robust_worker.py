@@ -16,17 +16,14 @@ stretch of the host then touches every aggregator, not one).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers, window_step_ms
+from trainsim.run.ranks import Popen, init_gloo, local_popen, rank_main, run_workers, window_step_ms
 
 BASELINE = "allreduce"
 """DDP's all-reduce mean (``default_hooks.allreduce_hook``): the plain mean the robust rules replace"""
@@ -209,22 +206,9 @@ def run_robust(
     return {"config": asdict(cfg), "cases": ranks[0]["cases"], "timing": timing}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="one rank of a robust-aggregation run (started by run_robust)")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--config", required=True)
-    a = ap.parse_args(argv)
-    _worker(RobustRunConfig(**json.loads(a.config)), a.rank, a.master, a.port, a.out)
-    return 0
+def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    _worker(RobustRunConfig(**cfg), rank, master, port, Path(out))
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # skip interpreter teardown: the result is written; gloo's and DDP's threads can abort in static
-    # destructors afterwards (as trainsim.run.ooo_dp does)
-    os._exit(code)
+    rank_main(_rank, "one rank of a robust-aggregation run (started by run_robust)")

@@ -19,7 +19,6 @@ by rank) and ``config``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import itertools
@@ -33,6 +32,7 @@ from typing import Any
 
 from trainsim.capture.profile import OPTIMIZERS
 from trainsim.errors import UserError
+from trainsim.run.ranks import rank_main
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -205,17 +205,9 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
     return {"rank": rank, "step_ms": step_ms, "trace": str(trace)}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="one rank of trainsim.run.traced (started by traced_run)")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--config", required=True)
-    a = ap.parse_args(argv)
-    res = _worker(a.rank, a.master, a.port, _WorkerConfig(**json.loads(a.config)))
-    Path(a.out).write_text(json.dumps(res))
+def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    Path(out).write_text(json.dumps(_worker(rank, master, port, _WorkerConfig(**cfg))))
 
 
 if __name__ == "__main__":
-    main()
+    rank_main(_rank, "one rank of trainsim.run.traced (started by traced_run)")
