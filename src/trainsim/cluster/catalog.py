@@ -119,6 +119,10 @@ DEVICES: dict[str, Device] = {
         # H200 SXM: same GH100 compute as H100 SXM; 4.8 TB/s HBM3e, 141 GB
         Device(name="h200", peak_tflops={"fp32": 67.0, "tf32": 494.7, "bf16": 989.5, "fp16": 989.5},
                mem_bw_gbps=4800.0, mem_gib=141.0, source=_H200),  # fmt: skip
+        # H800 SXM: H100 SXM compute and HBM (the export variant differs in NVLink, which the network
+        # catalog describes); DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024) §3.1
+        Device(name="h800", peak_tflops={"fp32": 67.0, "tf32": 494.7, "bf16": 989.5, "fp16": 989.5},
+               mem_bw_gbps=3350.0, mem_gib=80.0, source=_H100 + "; H800 as H100 SXM compute (DeepSeek-V3 report §3.1)"),  # fmt: skip
         # RTX 2080 Ti (reference): 13.4 FP32, 53.8 FP16 tensor with FP32 accumulate; 616 GB/s GDDR6, 11 GB
         Device(name="rtx2080ti", peak_tflops={"fp32": 13.4, "fp16": 53.8}, mem_bw_gbps=616.0, mem_gib=11.0,
                source=_TURING),  # fmt: skip
