@@ -21,11 +21,8 @@ repetition of each size also checks the result (the reduced sum; each worker's g
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +32,7 @@ from trainsim.cluster.catalog import Link
 from trainsim.cluster.collectives import ring_allreduce_us
 from trainsim.cluster.topologies import Topology, gossip_graph_us, random_peers, ring_peers, sync_us
 from trainsim.errors import UserError
-from trainsim.run.ranks import Popen, init_gloo, local_popen, run_workers
+from trainsim.run.ranks import Popen, init_gloo, local_popen, rank_main, run_workers
 
 PATTERNS = ("allreduce", "rolling_ps", "gossip_ring", "gossip_random")
 
@@ -208,21 +205,9 @@ def run_topologies(
     return {"config": asdict(cfg), "times_ms": times, "median_ms": median, "max_error": errors}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="one rank of a topology run (started by run_topologies)")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--config", required=True)
-    a = ap.parse_args(argv)
-    _worker(TopoRunConfig(**json.loads(a.config)), a.rank, a.master, a.port, a.out)
-    return 0
+def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    _worker(TopoRunConfig(**cfg), rank, master, port, Path(out))
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # skip interpreter teardown: gloo's threads can abort in static destructors (as robust_worker)
-    os._exit(code)
+    rank_main(_rank, "one rank of a topology run (started by run_topologies)")
