@@ -117,7 +117,7 @@ def test_a_foreign_file_is_refused_by_name(tmp_path: Path) -> None:
 )
 def test_bad_configs_say_what_was_expected(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(UserError, match=match):
-        ElasticConfig(checkpoint_dir="/tmp/x", **kw)
+        ElasticConfig(checkpoint_dir="ckpt", **kw)
 
 
 def test_the_restart_step_is_the_last_checkpoint_at_or_before_the_kill() -> None:
@@ -141,7 +141,7 @@ def _ev(t: float, ev: str, **kw: Any) -> dict[str, Any]:
 
 def _hand_made_run() -> tuple[ElasticResult, ElasticConfig]:
     """Kill of rank 1 at step 3 (t = 13), checkpoint at step 2; the restart reaches step 3 at t = 26."""
-    cfg = ElasticConfig(checkpoint_dir="/tmp/x", steps=6, checkpoint_every=2, kill_rank=1, kill_step=3)
+    cfg = ElasticConfig(checkpoint_dir="ckpt", steps=6, checkpoint_every=2, kill_rank=1, kill_step=3)
     r0 = (_ev(11, "ready"), _ev(11, "restored", step=0), *(_ev(11 + i, "step", i=i) for i in range(4)), _ev(12.5, "ckpt", i=2, write_s=0.5))
     r1 = (_ev(11.2, "ready"), _ev(11.2, "restored", step=0), *(_ev(11.1 + i, "step", i=i) for i in range(4)), _ev(13.05, "kill", i=3))
     a0 = Attempt(index=0, launched_t=10.0, ended_t=13.5, codes=(EXIT_PEER_LOST, -9), failed_rank=1, detected_t=13.25,

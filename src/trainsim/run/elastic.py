@@ -2,7 +2,7 @@
 
     >>> from trainsim.run.elastic import ElasticConfig, supervise, lost_time
     >>> cfg = ElasticConfig(steps=60, checkpoint_every=20, kill_rank=1, kill_step=35,
-    ...                     checkpoint_dir="/tmp/ckpt")                           # doctest: +SKIP
+    ...                     checkpoint_dir="ckpt")                                # doctest: +SKIP
     >>> res = supervise(cfg)                                                      # doctest: +SKIP
     >>> lost_time(res, cfg).lost_s                                                # doctest: +SKIP
 
