@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from trainsim.errors import UserError
-from trainsim.run.ranks import Popen, RankFailed, local_popen, python
+from trainsim.run.ranks import Popen, RankFailed, local_popen, python, stderr_tail, stop_all
 
 if TYPE_CHECKING:
     from trainsim.plan.goodput import GoodputConfig
@@ -281,12 +281,12 @@ def _attempt(cfg: ElasticConfig, index: int, tmp: Path, popen: Popen, master: st
         failed, detected, exit_s, killed = _watch(procs, cfg, launched)
         ended = time.monotonic()
         codes = tuple(p.poll() for p in procs)
-        tails = {r: _tail(errs[r]) for r in range(cfg.world) if codes[r] not in (0,)}
+        tails = {r: stderr_tail(errs[r], 4) for r in range(cfg.world) if codes[r] not in (0,)}
         return Attempt(index=index, launched_t=launched, ended_t=ended, codes=codes, failed_rank=failed,
                        detected_t=detected, survivors_exit_s=exit_s, killed=killed, stderr=tails,
                        pids=tuple(p.pid for p in procs), events=tuple(read_events(e) for e in evs))  # fmt: skip
     finally:
-        _kill(procs)
+        stop_all(procs)
         for e in errs:
             e.close()
         del store
@@ -313,7 +313,7 @@ def _watch(
                 return None, None, {}, ()
             elif now > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
-                _kill(procs)
+                stop_all(procs)
                 raise RankFailed(running[0] if running else None,
                                  f"attempt timed out after {cfg.timeout_s:g} s; ranks still running: {running}")  # fmt: skip
         if failed is not None and detected is not None:
@@ -324,30 +324,9 @@ def _watch(
             if not alive:
                 return failed, detected, exit_s, ()
             if now - detected >= cfg.grace_s:
-                _kill(procs)
+                stop_all(procs)
                 return failed, detected, exit_s, alive
         time.sleep(cfg.poll_s)
-
-
-def _kill(procs: Sequence[subprocess.Popen[Any]]) -> None:
-    """SIGKILL every rank's process group (a rank's children too) and reap the ranks."""
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            if p.poll() is None:
-                p.kill()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
-            pass
-
-
-def _tail(err: IO[bytes], n: int = 4) -> str:
-    err.seek(0)
-    lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
-    return " | ".join(lines[-n:]) or "(no stderr)"
 
 
 def read_events(path: str | Path) -> tuple[dict[str, Any], ...]:

@@ -132,22 +132,22 @@ def launch(
                 # usually with code 1; name a rank with another code first when there is one
                 r = min(failed, key=lambda x: (codes[x] == 1, x))
                 also = [x for x in failed if x != r]
-                _stop(procs)
+                stop_all(procs)
                 more = f" (also failed: {', '.join(f'rank {x}' for x in also)})" if also else ""
-                raise RankFailed(r, f"rank {r} exited with code {codes[r]}{more}: {_tail(errs[r])}")
+                raise RankFailed(r, f"rank {r} exited with code {codes[r]}{more}: {stderr_tail(errs[r])}")
             if all(c == 0 for c in codes):
                 return
             if time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
-                _stop(procs)
+                stop_all(procs)
                 raise RankFailed(
                     running[0] if running else None,
                     f"timed out after {timeout_s:.0f} s; ranks still running: {running}: "
-                    + (_tail(errs[running[0]]) if running else ""),
+                    + (stderr_tail(errs[running[0]]) if running else ""),
                 )
             time.sleep(poll_s)
     finally:
-        _stop(procs)
+        stop_all(procs)
         for e in errs:
             e.close()
 
@@ -191,12 +191,14 @@ def window_step_ms(ranks: Sequence[dict[str, Any]], steps: int) -> float:
     return max(sum(r["step_ms"][:steps]) / steps for r in ranks)
 
 
-def _stop(procs: Sequence[subprocess.Popen[Any]]) -> None:
+def stop_all(procs: Sequence[subprocess.Popen[Any]]) -> None:
+    """SIGKILL every rank's process group (its children too, also when the rank itself has exited) and
+    reap the ranks."""
     for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            if p.poll() is None:
                 p.kill()
     for p in procs:
         try:
@@ -205,7 +207,8 @@ def _stop(procs: Sequence[subprocess.Popen[Any]]) -> None:
             pass
 
 
-def _tail(err: IO[bytes], n: int = 6) -> str:
+def stderr_tail(err: IO[bytes], n: int = 6) -> str:
+    """The last ``n`` non-empty lines of a rank's captured stderr, on one line."""
     err.seek(0)
     lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
     return " | ".join(lines[-n:]) or "(no stderr)"

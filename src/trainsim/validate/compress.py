@@ -47,7 +47,6 @@ from typing import Any
 import click
 
 from trainsim.errors import UserError
-from trainsim.validate import progress_log
 from trainsim.validate.dp import MLP_DEFAULT, Profile
 from trainsim.validate.protocol import protocol_options
 
@@ -382,14 +381,11 @@ def compress_command(
     as_json: bool,
 ) -> None:  # fmt: skip
     """Predict compressed-DDP step times from a one-process profile, freeze them, then run them on shaped links."""
-    from rich.console import Console
 
     from trainsim.compress import make_codec
     from trainsim.models.zoo import MODELS
     from trainsim.validate.dp import print_result
-    from trainsim.validate.machine import load_machine
-    from trainsim.validate.netns import netns_unavailable
-    from trainsim.validate.protocol import check_result_path, draw_seed
+    from trainsim.validate.protocol import draw_seed, open_run
 
     steps = steps if steps is not None else 3 if quick else 12
     if steps < 1 or warmup < 1:
@@ -408,17 +404,8 @@ def compress_command(
     else:
         fixed = [dataclasses.replace(c, model=model) for c in (QUICK if quick else FULL)]
     configs = fixed + draw_configs(seed, 2 if quick else 5)
-    path = check_result_path(out, force, f"compress-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    log = progress_log(Console(stderr=True))
-    mcal, cal_path = load_machine(Path(calibration) if calibration else None, recalibrate=recalibrate, log=log)
-    notes: list[str] = []
-    reason = netns_unavailable()
-    if reason is not None:
-        notes.append(f"network namespaces unavailable ({reason}); running on unshaped loopback")
-    log(f"seed {seed} (repeat this draw with --seed {seed}); {len(configs)} configurations ({len(fixed)} fixed); "
-        f"results -> {path}")  # fmt: skip
-    for n in notes:
-        log(f"note: {n}")
+    path, log, mcal, cal_path, notes = open_run("compress", seed=seed, out=out, force=force, calibration=calibration,
+                                                recalibrate=recalibrate, what=f"{len(configs)} configurations ({len(fixed)} fixed)")  # fmt: skip
     cmd = ("trainsim validate compress" + (" --quick" if quick else "") + "".join(f" --rate {r:g}" for r in rates)
            + "".join(f" --algorithm {a}" for a in algorithms) + f" --model {model} --steps {steps} --warmup {warmup}"
            f" --passes {passes} --seed {seed}")  # fmt: skip
@@ -427,7 +414,7 @@ def compress_command(
                       "timed in one process), the machine calibration and the config; frozen before any run"}  # fmt: skip
     try:
         doc = run_validation(configs, path, seed=seed, mcal=mcal, n_fixed=len(fixed), passes=passes, steps=steps,
-                             warmup=warmup, netns=reason is None, log=log, meta=meta)  # fmt: skip
+                             warmup=warmup, netns=not notes, log=log, meta=meta)  # fmt: skip
     except KeyboardInterrupt:
         raise UserError(f"validate compress: interrupted; what was measured is in {path}, marked partial") from None
     print_result(doc, "validate compress", path, as_json)

@@ -42,7 +42,6 @@ import random
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,7 +53,6 @@ from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.transform.scheduling import BYTESCHEDULER_CREDIT as BS_CREDIT
 from trainsim.transform.scheduling import BYTESCHEDULER_PARTITION_BYTES as BS_PARTITION_BYTES
-from trainsim.validate import progress_log
 from trainsim.validate.protocol import protocol_options
 
 RUN_MODES = ("ddp", "p3", "bytescheduler")
@@ -482,11 +480,8 @@ def dp_command(
     out: str | None, force: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Predict data-parallel step times from a one-process profile, freeze them, then run real 2-process training."""
-    from rich.console import Console
 
-    from trainsim.validate.machine import load_machine
-    from trainsim.validate.netns import netns_unavailable
-    from trainsim.validate.protocol import check_result_path, draw_seed
+    from trainsim.validate.protocol import draw_seed, open_run
 
     steps = steps if steps is not None else 5 if quick else 10
     warmup = warmup if warmup is not None else 2 if quick else 3
@@ -496,17 +491,8 @@ def dp_command(
         raise UserError(f"validate dp: --passes {passes}; expected >= 1")
     seed = draw_seed(seed)
     configs, n_fixed = select_configs(quick, seed, models, rates, delays, modes)
-    path = check_result_path(out, force, f"dp-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    log = progress_log(Console(stderr=True))
-    mcal, cal_path = load_machine(Path(calibration) if calibration else None, recalibrate=recalibrate, log=log)
-    notes: list[str] = []
-    reason = netns_unavailable()
-    if reason is not None:
-        notes.append(f"network namespaces unavailable ({reason}); running on unshaped loopback")
-    log(f"seed {seed} (repeat this draw with --seed {seed}); {len(configs)} configurations ({n_fixed} fixed); "
-        f"results -> {path}")  # fmt: skip
-    for n in notes:
-        log(f"note: {n}")
+    path, log, mcal, cal_path, notes = open_run("dp", seed=seed, out=out, force=force, calibration=calibration,
+                                                recalibrate=recalibrate, what=f"{len(configs)} configurations ({n_fixed} fixed)")  # fmt: skip
     cmd = ("trainsim validate dp" + (" --quick" if quick else "") + "".join(f" --model {m}" for m in models)
            + "".join(f" --rate {r:g}" for r in rates) + "".join(f" --latency-us {1000 * d:g}" for d in delays)
            + "".join(f" --mode {m}" for m in modes) + f" --steps {steps} --warmup {warmup} --passes {passes} --seed {seed}")  # fmt: skip
@@ -516,7 +502,7 @@ def dp_command(
                       "the machine calibration (collectives, co-run slowdown) and the config; frozen before any run"}  # fmt: skip
     try:
         doc = run_validation(configs, path, seed=seed, mcal=mcal, n_fixed=n_fixed, passes=passes, steps=steps,
-                             warmup=warmup, netns=reason is None, log=log, meta=meta)  # fmt: skip
+                             warmup=warmup, netns=not notes, log=log, meta=meta)  # fmt: skip
     except KeyboardInterrupt:
         raise UserError(f"validate dp: interrupted; what was measured is in {path}, marked partial") from None
     print_result(doc, "validate dp", path, as_json)

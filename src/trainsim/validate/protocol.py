@@ -239,6 +239,33 @@ def protocol_options(name: str) -> Callable[[Callable[..., Any]], Callable[..., 
     return wrap
 
 
+def open_run(name: str, *, seed: int, out: str | None, force: bool, calibration: str | None, recalibrate: bool,
+             what: str) -> tuple[Path, Callable[[str], None], Any, Path, list[str]]:  # fmt: skip
+    """The start every validation command shares: the result file (refused when it exists without
+    ``force``), the progress log on stderr, the machine calibration (measured when missing), a note when
+    network namespaces are unavailable, and the first progress line (the seed, ``what`` will run).
+    Returns ``(path, log, calibration, its file, notes)``."""
+    import time
+
+    from rich.console import Console
+
+    from trainsim.validate import progress_log
+    from trainsim.validate.machine import load_machine
+    from trainsim.validate.netns import netns_unavailable
+
+    path = check_result_path(out, force, f"{name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    log = progress_log(Console(stderr=True))
+    mcal, cal_path = load_machine(Path(calibration) if calibration else None, recalibrate=recalibrate, log=log)
+    notes: list[str] = []
+    reason = netns_unavailable()
+    if reason is not None:
+        notes.append(f"network namespaces unavailable ({reason}); running on unshaped loopback")
+    log(f"seed {seed} (repeat this draw with --seed {seed}); {what}; results -> {path}")
+    for n in notes:
+        log(f"note: {n}")
+    return path, log, mcal, cal_path, notes
+
+
 RunOne = Callable[[int, int], "float | tuple[float, dict[str, Any]]"]
 """``run_one(i, pass_index)`` runs configuration ``i`` for real and returns its measured step (ms), or
 ``(step_ms, diagnostics)``."""
