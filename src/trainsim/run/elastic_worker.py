@@ -1,7 +1,7 @@
 """One rank of a supervised, checkpointed data-parallel job (started by ``trainsim.run.elastic.supervise``).
 
     $ python -m trainsim.run.elastic_worker --rank 0 --master 127.0.0.1 --port 29500 --attempt 0 \
-        --events /tmp/ev-a0-r0.jsonl --config '{"world": 2, "steps": 40, ...}'
+        --events ev-a0-r0.jsonl --config '{"world": 2, "steps": 40, ...}'
 
 Algorithm (each attempt, each rank):
 
