@@ -229,10 +229,10 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     rounds = [[_kernel_ms(1)[0], *(statistics.fmean(_kernel_ms(k)) for k in CORUN_PROCS)] for _ in range(3)]
     alone = statistics.median(r[0] for r in rounds)
     corun = {str(k): round(statistics.median(r[j + 1] / r[0] for r in rounds), 3) for j, k in enumerate(CORUN_PROCS)}
-    from trainsim.validate.protocol import now_iso as stamp
+    from datetime import datetime, timezone
 
     return MachineCalibration(
-        machine=identity(), version=version(), created_at=stamp(), sizes_bytes=list(GRID),
+        machine=identity(), version=version(), created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), sizes_bytes=list(GRID),
         loopback_us=[round(float(x), 2) for x in host], host_a_us=round(a, 3), host_b_us_per_byte=b,
         shaped_rate_mbit=rate, shaped_us=[round(x, 2) for x in shaped], link_efficiency=round(eff, 4),
         allgather_loopback_us=[round(float(x), 2) for x in ag], allgather_line=_line(sizes, ag),
