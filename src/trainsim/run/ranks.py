@@ -58,9 +58,11 @@ def rank_main(body: RankBody, description: str, argv: Sequence[str] | None = Non
 class RankFailed(RuntimeError):
     """A rank crashed or the run timed out; the message names the rank."""
 
-    def __init__(self, rank: int | None, message: str) -> None:
+    def __init__(self, rank: int | None, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank
+        self.code = code
+        """the failed rank's exit code (negative: killed by that signal); None for a timeout"""
 
 
 def local_popen(rank: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
@@ -134,7 +136,7 @@ def launch(
                 also = [x for x in failed if x != r]
                 stop_all(procs)
                 more = f" (also failed: {', '.join(f'rank {x}' for x in also)})" if also else ""
-                raise RankFailed(r, f"rank {r} exited with code {codes[r]}{more}: {stderr_tail(errs[r])}")
+                raise RankFailed(r, f"rank {r} exited with code {codes[r]}{more}: {stderr_tail(errs[r])}", codes[r])
             if all(c == 0 for c in codes):
                 return
             if time.monotonic() > deadline:
