@@ -6,7 +6,7 @@
     python benchmarks/whatif_pairs.py --quick --runs 3
 
 Runs ``trainsim validate whatif`` (not quick) and writes its JSON to docs/benchmarks/whatif_pairs.json
-(with ``--runs N``: the list of the N documents) and a table per run to docs/benchmarks/whatif.md.
+(with ``--runs N``: the list of the N documents) and its tables as the record docs/benchmarks/whatif.pairs.json.
 Targets (issue 46): every pair within 10 %, the mean within 5 %, the drawn pairs included, three runs in
 a row.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,19 +62,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1, help="validations in a row")
     ap.add_argument("--quick", action="store_true", help="validate whatif --quick")
     args = ap.parse_args()
-    docs: list[dict[str, Any]] = []
-    tmp = DOCS / "whatif_pairs.partial.json"
-    for i in range(args.runs):
-        tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "trainsim", "validate", "whatif", "--out", str(tmp), *(["--quick"] * args.quick)]
-        if args.seed is not None:
-            cmd += ["--seed", str(args.seed + i)]
-        t0 = time.monotonic()
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        doc = json.loads(tmp.read_text())
-        doc["wall_s"] = round(time.monotonic() - t0, 1)
-        docs.append(doc)
-    tmp.unlink(missing_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ooo_common import run_validations
+    from results import record_report
+
+    docs = run_validations("whatif", ["--quick"] * args.quick, args.runs, args.seed)
     (DOCS / "whatif_pairs.json").write_text(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1) + "\n")
     m = docs[0]["machine"]
     lines = [
@@ -92,7 +83,7 @@ def main() -> int:
     ]
     for i, doc in enumerate(docs):
         lines += [f"## Run {i + 1} ({doc['wall_s']:.0f} s)", "", *table(doc), ""]
-    (DOCS / "whatif.md").write_text("\n".join(lines))
+    record_report("whatif", "pairs", "\n".join(lines), raw=["whatif_pairs.json"])  # then: python3 dev.py results
     print("\n".join(lines))
     return 0
 
