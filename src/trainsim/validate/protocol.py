@@ -311,9 +311,10 @@ def draw_seed(seed: int | None) -> int:
 def check_result_path(out: str | None, force: bool, default_name: str) -> Path:
     """The result file to write: ``out`` or ``out/<default_name>``; refused when it exists without
     ``force``, or when its folder is missing."""
+    from trainsim.cli.options import check_new_file
+
     path = Path(out) if out else Path("out") / default_name
-    if path.exists() and not force:
-        raise UserError(f"--out {str(path)!r} exists; pass --force to overwrite it or choose another path")
+    check_new_file(str(path), force, "--out")
     if not path.parent.is_dir():
         if out:
             raise UserError(f"--out {out!r}: folder {path.parent} does not exist")
