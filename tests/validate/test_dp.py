@@ -304,13 +304,3 @@ def test_p3_trace_from_every_rank_on_one_clock() -> None:
     assert common
     for a0, b0 in common:  # both ranks inside the same collective at once
         assert any(max(a0, a1) <= min(b0, b1) + 0.5 for a1, b1 in slices[1])
-
-
-def test_overlapping_steps_keep_what_ran_together() -> None:
-    """(Kept for ``validate.ooo`` and ``validate.pipeline``.)"""
-    a = [0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05, 1.2]
-    b = [0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.15, 1.3, 1.4, 1.5]
-    got = dp.overlapping_steps([a, b], min_steps=3)
-    assert got[0] == pytest.approx([150.0] * 6)
-    assert got[1] == pytest.approx([150.0] * 6)
-    assert len(dp.overlapping_steps([a, b], min_steps=7)[1]) == 9

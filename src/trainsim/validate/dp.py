@@ -35,7 +35,6 @@ an interrupted run's measurements stay in the result file, marked partial.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import math
 import random
@@ -406,35 +405,6 @@ def _workdir() -> Iterator[Path]:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------- kept for validate ooo/pipeline
-def overlapping_steps(marks: list[list[float]], min_steps: int = 5) -> list[list[float]]:
-    """Per copy, the step times (ms) between its consecutive ``marks`` (seconds on one clock) of the
-    steps that ran while every copy ran its loop; a copy with fewer than ``min_steps`` such steps keeps
-    all of its steps. (Used by ``validate.ooo`` and ``validate.pipeline``.)"""
-    lo = max(m[0] for m in marks)
-    hi = min(m[-1] for m in marks)
-    out = []
-    for m in marks:
-        inside = [(b - a) * 1e3 for a, b in itertools.pairwise(m) if a >= lo and b <= hi]
-        out.append(inside if len(inside) >= min_steps else [(b - a) * 1e3 for a, b in itertools.pairwise(m)])
-    return out
-
-
-def interleaved_corun(every: list[list[list[float]]]) -> list[list[float]]:
-    """Per rank, the plain steps (per rank, per round, step starts) that ran while every rank ran
-    (``overlapping_steps`` per round). (Used by ``validate.pipeline``.)"""
-    per_rank: list[list[float]] = [[] for _ in every]
-    for marks in zip(*every, strict=True):
-        for r, steps in enumerate(overlapping_steps(list(marks), min_steps=2)):
-            per_rank[r] += steps
-    return per_rank
-
-
-def _median_step_ms(per_rank: list[list[float]]) -> float:
-    """The median over ranks of each rank's median step. (Used by ``validate.pipeline``.)"""
-    return float(statistics.median(statistics.median(r) for r in per_rank))
 
 
 # --------------------------------------------------------------------------- the command
