@@ -39,3 +39,26 @@ def test_two_aborts_in_a_row_end_the_run(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(ranks, "run_workers", _fake(fails))
     with pytest.raises(RankFailed, match="second"):
         traced.traced_run(traced.TracedRunConfig(model="mlp", world=2), tmp_path / "t")
+
+
+@pytest.mark.parametrize(
+    ("min_s", "step_s", "expected"),
+    [
+        (0.0, 0.001, 8),  # no minimum: the configured steps
+        (1.0, 0.010, 100),  # 10 ms steps: 100 of them fill a second
+        (1.0, 0.500, 8),  # long steps: the configured count is already more than a second
+        (1.0, 1e-6, 400),  # at most 50x the configured steps
+        (1.0, float("inf"), 8),  # no warm-up step timed
+    ],
+)
+def test_short_steps_are_timed_for_at_least_min_timed_s(min_s: float, step_s: float, expected: int) -> None:
+    cfg = traced.TracedRunConfig(model="mlp", world=1, steps=8, min_timed_s=min_s)
+    assert traced.timed_steps(cfg, step_s) == expected
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_bad_min_timed_s_is_named(bad: float) -> None:
+    from trainsim.errors import UserError
+
+    with pytest.raises(UserError, match="min_timed_s"):
+        traced.TracedRunConfig(min_timed_s=bad)

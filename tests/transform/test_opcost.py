@@ -79,3 +79,16 @@ def test_calibration_is_cached_per_machine(tmp_path: Path, monkeypatch: pytest.M
     opcost.load_or_calibrate(path)
     opcost.load_or_calibrate(path, recalibrate=True)
     assert len(calls) == 3
+
+
+def test_cache_sizes_come_from_sysfs_data_caches(tmp_path: Path) -> None:
+    for i, (level, kind, size) in enumerate([(1, "Data", "64K"), (1, "Instruction", "64K"), (2, "Unified", "1024K"),
+                                             (3, "Unified", "32768K")]):  # fmt: skip
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert opcost._cache_bytes(2, tmp_path) == 2**20
+    assert opcost._cache_bytes(None, tmp_path) == 32 * 2**20  # the last level
+    assert opcost._cache_bytes(4, tmp_path) == 0 and opcost._cache_bytes(None, tmp_path / "none") == 0

@@ -23,6 +23,7 @@ import contextlib
 import gzip
 import itertools
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -60,7 +61,11 @@ class TracedRunConfig:
     warmup: int = 3
     """untimed steps first"""
     steps: int = 8
-    """timed steps without the profiler"""
+    """timed steps without the profiler (at least)"""
+    min_timed_s: float = 0.0
+    """time at least this long: more timed steps than ``steps`` when steps are short (their number is
+    chosen from the fastest warm-up step, the same on every rank), so that a millisecond step's median is
+    not read off a tenth of a second of a shared host"""
     profiled: int = 3
     """steps recorded by the profiler (after one profiler warm-up step)"""
     seed: int = 0
@@ -74,6 +79,8 @@ class TracedRunConfig:
                 raise UserError(f"traced run: {f}={v!r}; expected a positive integer")
         if self.warmup < 0:
             raise UserError(f"traced run: warmup={self.warmup!r}; expected >= 0")
+        if not (self.min_timed_s >= 0 and math.isfinite(self.min_timed_s)):
+            raise UserError(f"traced run: min_timed_s={self.min_timed_s!r}; expected seconds >= 0")
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"traced run: optimizer {self.optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
         if self.rate_mbit is not None and not self.rate_mbit > 0:
@@ -182,14 +189,19 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
         opt.step()
         loss.detach().item()
 
-    i = 0
+    i, warm = 0, [math.inf]
     for _ in range(cfg.warmup):
+        t0 = time.perf_counter()
         step(i)
+        warm.append(time.perf_counter() - t0)
         i += 1
+    n = timed_steps(cfg, min(warm[2:] or warm))
     if cfg.world > 1:
-        dist.barrier()
+        agreed = torch.tensor([n])  # every rank times as many steps; the all-reduce is also the barrier
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        n = int(agreed.item())
     marks = [time.perf_counter()]
-    for _ in range(cfg.steps):
+    for _ in range(n):
         step(i)
         i += 1
         marks.append(time.perf_counter())
@@ -217,6 +229,14 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
         dist.barrier()
         dist.destroy_process_group()
     return {"rank": rank, "step_ms": step_ms, "trace": str(trace)}
+
+
+def timed_steps(cfg: TracedRunConfig, step_s: float) -> int:
+    """How many steps to time: ``cfg.steps``, or more when ``step_s`` (a warm step's time) times that
+    falls short of ``cfg.min_timed_s`` (at most 50x ``cfg.steps``)."""
+    if not (cfg.min_timed_s > 0 and 0 < step_s < math.inf):
+        return cfg.steps
+    return min(50 * cfg.steps, max(cfg.steps, math.ceil(cfg.min_timed_s / step_s)))
 
 
 def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:

@@ -49,7 +49,7 @@ import numpy as np
 
 from trainsim.errors import UserError
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 MAX_MACS = 2**27
 """grid points with more multiply-accumulates are extrapolated, not measured (keeps calibration < 30 s:
 2^27 MACs is ~2-5 ms for one CPU core)"""
@@ -83,7 +83,12 @@ ROTATE_BYTES = 2 * 2**20
 """each timed call reads its operands from a fresh copy, the copies together at least twice the core's
 private (L2) cache (read from sysfs, else this): in a training step an operator's inputs were last
 touched several operators ago, so they come from the shared cache or memory, not from L2. Timing a hot
-operand 100 times instead makes a 4 MB weight look free and GEMM time linear in the batch."""
+operand 100 times instead makes a 4 MB weight look free and GEMM time linear in the batch.
+Memory-bound operators (``elementwise``) rotate over twice the *last-level* cache instead: they do
+little work per byte, and in a step their activations were written by the forward pass long before
+(a CNN at batch 32 holds tens of MB of them), so they stream from memory. Rotated over L2 only, a 12 MB
+add stays in a 32 MB L3 and the next size up does not, and the table makes doubling the batch cost a
+relu 5x (measured 2.2-2.7x on this project's CNN pair, ``trainsim validate whatif``)."""
 MAX_COPIES = 64
 
 MATMUL_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm)$")
@@ -291,13 +296,23 @@ def machine_identity(threads: int = 1) -> dict[str, Any]:
             "host": platform.node(), "version": CALIBRATION_VERSION}  # fmt: skip
 
 
-def _l2_bytes() -> int:
+def _cache_bytes(level: int | None = None, root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Size of the data cache at ``level`` (None: the last level) of cpu0, from sysfs; 0 when unknown."""
+    sizes: dict[int, int] = {}
     with contextlib.suppress(OSError, ValueError):
-        for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-            if (d / "level").read_text().strip() == "2":
-                size = (d / "size").read_text().strip()
-                return int(size[:-1]) * 1024 if size.endswith("K") else int(size)
-    return ROTATE_BYTES // 2
+        for d in sorted(root.glob("index*")):
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            text = (d / "size").read_text().strip()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes[int((d / "level").read_text())] = int(text.rstrip("KMG")) * scale
+    if not sizes:
+        return 0
+    return sizes.get(level, 0) if level is not None else sizes[max(sizes)]
+
+
+def _l2_bytes() -> int:
+    return _cache_bytes(2) or ROTATE_BYTES // 2
 
 
 def _best_us(fn: Callable[[int], object]) -> float:
@@ -335,11 +350,11 @@ def calibrate(log: Callable[[str], None] = lambda s: None) -> OpCostTable:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     start = time.perf_counter()
-    rotate = 2 * _l2_bytes()
+    rotate = {"compute": 2 * _l2_bytes(), "memory": 2 * max(_cache_bytes(), _l2_bytes())}
     us: dict[str, np.ndarray] = {}
 
-    def copies(nbytes: int) -> int:
-        return max(1, min(MAX_COPIES, -(-rotate // max(nbytes, 1))))
+    def copies(nbytes: int, span: str = "compute") -> int:
+        return max(1, min(MAX_COPIES, -(-rotate[span] // max(nbytes, 1))))
 
     try:
         with torch.no_grad():
@@ -352,7 +367,7 @@ def calibrate(log: Callable[[str], None] = lambda s: None) -> OpCostTable:
                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
 
 
-def _measure(torch: Any, kind: str, copies: Callable[[int], int]) -> np.ndarray:
+def _measure(torch: Any, kind: str, copies: Callable[..., int]) -> np.ndarray:
     """One kind's table (each point with enough operand copies to leave the private cache)."""
     if kind.startswith("matmul_"):
         lay = kind[-2:]
@@ -362,7 +377,7 @@ def _measure(torch: Any, kind: str, copies: Callable[[int], int]) -> np.ndarray:
         bwd = kind == "conv_bwd"
         return _fill(_grid(kind, lambda p: _conv(torch, p, bwd, copies(4 * p[1] * (p[0] * p[2] ** 2 + 9 * p[1]))),
                            lambda p: p[0] * p[1] * p[1] * p[2] * p[2] * 9), AXES[kind])  # fmt: skip
-    return _grid(kind, lambda p: _add(torch, p[0] // 12, copies(p[0] * 2 // 3)), lambda p: 0)
+    return _grid(kind, lambda p: _add(torch, p[0] // 12, copies(p[0] * 2 // 3, "memory")), lambda p: 0)
 
 
 def _grid(kind: str, make: Callable[[tuple[int, ...]], Callable[[int], object]],

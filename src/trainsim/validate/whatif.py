@@ -112,6 +112,13 @@ def _run(model: str, world: int, *, steps: int, profiled: int, **kw: Any) -> Tra
     return TracedRunConfig(model=model, world=world, steps=steps, profiled=profiled, warmup=3, **kw)
 
 
+def _steps(quick: bool) -> dict[str, Any]:
+    """Timed and profiled steps of every run: at least 6 (10) timed steps and 1 s (2 s) of them."""
+    if quick:
+        return {"steps": 6, "profiled": 3, "min_timed_s": 1.0}
+    return {"steps": 10, "profiled": 4, "min_timed_s": 2.0}
+
+
 def _network(
     model: str, world: int, factor: float, drawn: bool, steps: int, profiled: int, **kw: Any
 ) -> Pair:
@@ -134,7 +141,7 @@ def _batch(model: str, batch: int, new_batch: int, drawn: bool, steps: int, prof
 
 def fixed_pairs(quick: bool) -> list[Pair]:
     """The pairs every run measures (``quick``: one per kind, no 4-rank pair)."""
-    s = {"steps": 6, "profiled": 3} if quick else {"steps": 10, "profiled": 4}
+    s = _steps(quick)
     if quick:
         return [
             _network("mlp", 2, 2.5, False, **s),
@@ -157,7 +164,7 @@ def draw_pairs(seed: int, quick: bool) -> list[Pair]:
     """Pairs drawn from ``seed`` (the same seed, the same pairs): one per kind (``quick``), else two
     network pairs, one fused-Adam and two batch pairs."""
     rng = random.Random(seed)
-    s = {"steps": 6, "profiled": 3} if quick else {"steps": 10, "profiled": 4}
+    s = _steps(quick)
     lo, hi = (math.log(x) for x in RATE_RANGE)
     out: list[Pair] = []
     for _ in range(1 if quick else 2):
