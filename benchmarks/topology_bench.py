@@ -60,7 +60,7 @@ def main() -> int:
         notes.append(f"network namespaces unavailable ({reason}); ran on unshaped loopback")
         rate = None
     cal, cal_path = load_machine()
-    link = calibrated_link(p2p_line=cal.p2p_line, rate_mbit=rate, efficiency=cal.link_efficiency)
+    link = calibrated_link(p2p_line=cal.p2p_line, rate_mbit=rate, efficiency=cal.efficiency(rate))
     cfgs = {p: TopoRunConfig(world_size=p, sizes_bytes=SIZES, reps=a.reps) for p in WORLDS}
     pred = {str(p): {pat: {str(s): predict_ms(cfgs[p], pat, s, link) for s in SIZES} for pat in PATTERNS}
             for p in WORLDS}  # fmt: skip

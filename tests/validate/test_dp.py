@@ -26,7 +26,8 @@ def fake_machine(**kw: Any) -> MachineCalibration:
     base: dict[str, Any] = dict(
         machine=identity(), version=version(), created_at="2026-01-01T00:00:00+00:00",
         sizes_bytes=[4096, 1 << 20], loopback_us=[300.0, 3000.0], host_a_us=300.0, host_b_us_per_byte=2.6e-3,
-        shaped_rate_mbit=150.0, shaped_us=[], link_efficiency=0.95, allgather_loopback_us=[200.0, 2000.0],
+        shaped_rates_mbit=[], shaped_sizes_bytes=[], efficiency_grid=[], shaped_us=[], link_efficiency=0.95,
+        allgather_loopback_us=[200.0, 2000.0],
         allgather_line=(200.0, 1.8e-3), p2p_loopback_us=[100.0, 1000.0], p2p_line=(100.0, 0.9e-3),
         kernel_ms=1.3, corun_slowdown={"2": 1.3, "4": 2.4}, load_avg=0.1,
     )  # fmt: skip

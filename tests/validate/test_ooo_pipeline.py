@@ -20,8 +20,8 @@ from trainsim.validate.pipeline import CaseProfile, post_us_per_op
 def _cal() -> mcal.MachineCalibration:
     return mcal.MachineCalibration(
         machine=mcal.identity(), version=mcal.version(), created_at="2026-11-29T00:00:00+00:00", sizes_bytes=[1, 2],
-        loopback_us=[100.0, 100.0], host_a_us=150.0, host_b_us_per_byte=0.002, shaped_rate_mbit=150.0,
-        shaped_us=[], link_efficiency=0.9, allgather_loopback_us=[], allgather_line=(80.0, 0.002), p2p_loopback_us=[],
+        loopback_us=[100.0, 100.0], host_a_us=150.0, host_b_us_per_byte=0.002,
+        shaped_rates_mbit=[], shaped_sizes_bytes=[], efficiency_grid=[], shaped_us=[], link_efficiency=0.9, allgather_loopback_us=[], allgather_line=(80.0, 0.002), p2p_loopback_us=[],
         p2p_line=(120.0, 0.001), kernel_ms=0.4, corun_slowdown={"2": 1.1, "4": 2.1}, load_avg=0.1,
     )  # fmt: skip
 

@@ -130,8 +130,8 @@ def test_seed_and_result_path(tmp_path: Path) -> None:
 def _cal() -> mc.MachineCalibration:
     return mc.MachineCalibration(
         machine=mc.identity(), version=mc.version(), created_at="2026-11-29T00:00:00+00:00", sizes_bytes=[1, 2],
-        loopback_us=[100.0, 100.0], host_a_us=100.0, host_b_us_per_byte=0.001, shaped_rate_mbit=150.0,
-        shaped_us=[], link_efficiency=0.9, allgather_loopback_us=[], allgather_line=(80.0, 0.002), p2p_loopback_us=[],
+        loopback_us=[100.0, 100.0], host_a_us=100.0, host_b_us_per_byte=0.001,
+        shaped_rates_mbit=[], shaped_sizes_bytes=[], efficiency_grid=[], shaped_us=[], link_efficiency=0.9, allgather_loopback_us=[], allgather_line=(80.0, 0.002), p2p_loopback_us=[],
         p2p_line=(50.0, 0.0005), kernel_ms=0.4, corun_slowdown={"2": 1.05, "4": 2.1}, load_avg=0.1,
     )  # fmt: skip
 
@@ -149,10 +149,28 @@ def test_allreduce_model_by_hand() -> None:
     assert cal.slowdown(1) == 1.0 and cal.slowdown(3) == 2.1 and cal.slowdown(8) == pytest.approx(4.2)
 
 
+def _graded() -> mc.MachineCalibration:
+    """A link that delivers more of a faster rate and less to longer transfers, as tbf and TCP do here."""
+    return replace(_cal(), shaped_rates_mbit=[60.0, 240.0], shaped_sizes_bytes=[1 << 20, 16 << 20],
+                   efficiency_grid=[[0.92, 0.88], [0.98, 0.94]])  # fmt: skip
+
+
+def test_link_efficiency_by_rate_and_size_by_hand() -> None:
+    cal = _graded()
+    assert cal.efficiency(60, 1 << 20) == pytest.approx(0.92) and cal.efficiency(240, 16 << 20) == pytest.approx(0.94)
+    assert cal.efficiency(120, 1 << 20) == pytest.approx(0.95)  # half-way in log rate
+    assert cal.efficiency(60, 4 << 20) == pytest.approx(0.90)  # half-way in log size
+    assert cal.efficiency(10, 1 << 10) == pytest.approx(0.92) and cal.efficiency(1e4, 1 << 30) == pytest.approx(0.94)
+    # 16 MB all-reduce of 2 ranks at 60 Mbit/s: each rank puts the size on the wire once, at 88 %
+    assert cal.allreduce_us(16 << 20, rate_mbit=60) == pytest.approx(100 + 0.001 * (16 << 20) + (16 << 20) * 8 / 52.8)
+    assert _cal().efficiency(60, 1 << 20) == 0.9  # no grid: the one number
+
+
 @settings(deadline=None)
-@given(st.floats(1, 1e8), st.floats(1, 1e8), st.floats(1, 1e4), st.integers(2, 64))
-def test_allreduce_grows_with_size_and_shrinks_with_rate(s1: float, s2: float, rate: float, world: int) -> None:
-    cal = _cal()
+@given(st.floats(1, 1e8), st.floats(1, 1e8), st.floats(1, 1e4), st.integers(2, 64), st.booleans())
+def test_allreduce_grows_with_size_and_shrinks_with_rate(s1: float, s2: float, rate: float, world: int,
+                                                         graded: bool) -> None:  # fmt: skip
+    cal = _graded() if graded else _cal()
     lo, hi = sorted((s1, s2))
     assert cal.allreduce_us(lo, world=world, rate_mbit=rate) <= cal.allreduce_us(hi, world=world, rate_mbit=rate)
     assert cal.allreduce_us(hi, world=world, rate_mbit=2 * rate) <= cal.allreduce_us(hi, world=world, rate_mbit=rate)

@@ -188,14 +188,14 @@ def at_speed(cost: Any, factor: float) -> Any:
 # --------------------------------------------------------------------------- the prediction
 def model_link(mcal: Any, c: RunConfig) -> Any:
     """The link of ``c`` as the ring model sees it, from the machine calibration: one send's latency
-    (host line + added delay) and the delivered rate (``link_efficiency`` of the nominal one; unshaped:
+    (host line + added delay) and the delivered rate (``efficiency`` of the nominal one, at 1 MB; unshaped:
     the host's per-byte cost of a send)."""
     from trainsim.cluster.catalog import Link
 
     a, b = mcal.p2p_line
     lat = a + c.delay_ms * 1e3
     if c.rate_mbit:
-        bytes_per_us = c.rate_mbit * mcal.link_efficiency / 8.0
+        bytes_per_us = c.rate_mbit * mcal.efficiency(c.rate_mbit) / 8.0
     else:
         bytes_per_us = 1.0 / max(b, 1e-6)
     return Link(name="machine-calibration", bw_gbps=bytes_per_us / 1e3, latency_us=lat, source="validate.machine")
@@ -238,7 +238,7 @@ def predict_ms(prof: Profile, c: RunConfig, mcal: Any, cost: Any, shapes: dict[s
                           finalize_us=1e3 * prof.ddp_finalize_ms * f)  # fmt: skip
     link = model_link(mcal, c)
     a, b = mcal.p2p_line
-    per_byte = b + (8.0 / (c.rate_mbit * mcal.link_efficiency) if c.rate_mbit else 0.0)
+    per_byte = b + (8.0 / (c.rate_mbit * mcal.efficiency(c.rate_mbit)) if c.rate_mbit else 0.0)
     p2p = (a + c.delay_ms * 1e3, per_byte)
     graph = scale(prof.graph, prof.graph.kind == TaskKind.CPU, f)
     g2 = compression(

@@ -8,10 +8,12 @@ This is the model of *the host that runs the validations*, not of a GPU cluster:
 cluster never read it. It holds three generic measurements, none of them a validated configuration:
 
 1. **link**: gloo all-reduce, all-gather and one-way send of two ranks over loopback at a fixed grid
-   of sizes (``GRID``): the host's per-message and per-byte cost of each; and the all-reduce grid on a veth link shaped to ``CAL_RATE_MBIT``
-   (when network namespaces work): the fraction of the nominal rate the shaped link delivers
-   (``link_efficiency``). ``allreduce_us``, ``allgather_us`` and ``p2p_us`` combine them for any
-   size, world, rate and delay;
+   of sizes (``GRID``): the host's per-message and per-byte cost of each; and all-reduces on a veth
+   link shaped to each rate of ``CAL_RATES_MBIT`` at the sizes of ``EFF_SIZES`` (when network
+   namespaces work): the fraction of the nominal rate the shaped link delivers (``efficiency``, by
+   rate and bytes on the wire: TCP through tbf delivers ~96 % of a 240 Mbit/s link for a 1 MB
+   message, ~89 % of a 60 Mbit/s one for 16 MB). ``allreduce_us``, ``allgather_us`` and ``p2p_us``
+   combine them for any size, world, rate and delay;
 2. **host speed**: the time of a standard compute kernel (``kernel``: a single-thread float32 matmul)
    on one process;
 3. **co-run slowdown**: the same kernel's time when ``k`` processes run it at once, over running it
@@ -37,12 +39,15 @@ import click
 
 from trainsim.errors import UserError
 
-FORMAT = 2
+FORMAT = 3
 """version of the file layout"""
 GRID = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 """all-reduce sizes (bytes) of the link calibration: x8 apart, none of them a validated model's gradient"""
-CAL_RATE_MBIT = 150.0
-"""the shaped link's rate for ``link_efficiency``: a generic rate, not one a fixed validation uses"""
+CAL_RATES_MBIT = (60.0, 240.0)
+"""the shaped links' rates for ``efficiency``: generic rates around those validated, none of them a
+fixed validation's rate (interpolated in log rate between them, held beyond them)"""
+EFF_SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]
+"""all-reduce sizes (bytes) on the shaped links (interpolated in log size, held beyond them)"""
 CORUN_PROCS = (2, 4)
 KERNEL_N = 256
 """the standard kernel: ``KERNEL_N`` x ``KERNEL_N`` float32 matmul on one thread"""
@@ -64,11 +69,17 @@ class MachineCalibration:
     """fitted per-all-reduce host cost (loopback)"""
     host_b_us_per_byte: float
     """fitted per-byte host cost (loopback)"""
-    shaped_rate_mbit: float | None
-    shaped_us: list[float]
-    """the same on a link shaped to ``shaped_rate_mbit`` (empty when namespaces are unavailable)"""
+    shaped_rates_mbit: list[float]
+    """the rates of the shaped links measured (empty when namespaces are unavailable)"""
+    shaped_sizes_bytes: list[int]
+    shaped_us: list[list[float]]
+    """2-rank all-reduce of ``shaped_sizes_bytes`` on a link shaped to each of ``shaped_rates_mbit``"""
+    efficiency_grid: list[list[float]]
+    """delivered / nominal rate, per shaped rate and size: (measured - loopback host line) vs the bytes
+    on the wire at the nominal rate"""
     link_efficiency: float
-    """delivered / nominal rate of a shaped link (1.0 when not measured)"""
+    """the median of ``efficiency_grid`` (1.0 when not measured): a one-number summary; the models use
+    ``efficiency``"""
     allgather_loopback_us: list[float]
     """2-rank gloo all-gather of ``sizes_bytes`` per rank over loopback"""
     allgather_line: tuple[float, float]
@@ -84,6 +95,19 @@ class MachineCalibration:
     load_avg: float
     """the host's 1-minute load average when the calibration started: other work running then is in
     every figure above (``calibrate_machine`` warns when it exceeds half the cores)"""
+
+    def efficiency(self, rate_mbit: float, wire_bytes: float = 1 << 20) -> float:
+        """The fraction of ``rate_mbit`` a shaped link delivers to a transfer that puts ``wire_bytes`` on
+        it: ``efficiency_grid`` interpolated in log rate and log size, held beyond the grid."""
+        import numpy as np
+
+        if not self.efficiency_grid:
+            return self.link_efficiency
+        grid = np.asarray(self.efficiency_grid, dtype=float)
+        ls = np.log(np.asarray(self.shaped_sizes_bytes, dtype=float))
+        per_rate = [float(np.interp(np.log(max(wire_bytes, 1.0)), ls, row)) for row in grid]
+        lr = np.log(np.asarray(self.shaped_rates_mbit, dtype=float))
+        return float(np.interp(np.log(rate_mbit), lr, per_rate))
 
     def host_us(self, size_bytes: float) -> float:
         """The host's cost of one 2-rank all-reduce of ``size_bytes`` over an unshaped link."""
@@ -101,7 +125,8 @@ class MachineCalibration:
         t = self.host_a_us * steps / 2 + self.host_b_us_per_byte * size_bytes * share
         t += steps * delay_ms * 1e3
         if rate_mbit:
-            t += share * size_bytes * 8 / (rate_mbit * self.link_efficiency)  # bits / (bits/us)
+            wire = share * size_bytes
+            t += wire * 8 / (rate_mbit * self.efficiency(rate_mbit, wire))  # bits / (bits/us)
         return t
 
     def allgather_us(self, size_bytes: float, *, world: int = 2, rate_mbit: float | None = None,
@@ -112,7 +137,8 @@ class MachineCalibration:
         a, b = self.allgather_line
         t = steps * (a + b * size_bytes) + steps * delay_ms * 1e3
         if rate_mbit:
-            t += steps * size_bytes * 8 / (rate_mbit * self.link_efficiency)
+            wire = steps * size_bytes
+            t += wire * 8 / (rate_mbit * self.efficiency(rate_mbit, wire))
         return t
 
     def p2p_us(self, size_bytes: float, *, rate_mbit: float | None = None, delay_ms: float = 0.0) -> float:
@@ -120,7 +146,7 @@ class MachineCalibration:
         a, b = self.p2p_line
         t = a + b * size_bytes + delay_ms * 1e3
         if rate_mbit:
-            t += size_bytes * 8 / (rate_mbit * self.link_efficiency)
+            t += size_bytes * 8 / (rate_mbit * self.efficiency(rate_mbit, size_bytes))
         return t
 
     def slowdown(self, procs: int) -> float:
@@ -138,7 +164,8 @@ class MachineCalibration:
     def describe(self, path: Path) -> dict[str, Any]:
         """What a result file records about the calibration it used."""
         return {"file": str(path), "created_at": self.created_at, "version": self.version, "load_avg": self.load_avg,
-                "link_efficiency": self.link_efficiency, "kernel_ms": self.kernel_ms,
+                "link_efficiency": self.link_efficiency, "efficiency_grid": self.efficiency_grid,
+                "shaped_rates_mbit": self.shaped_rates_mbit, "kernel_ms": self.kernel_ms,
                 "corun_slowdown": self.corun_slowdown}  # fmt: skip
 
 
@@ -211,17 +238,20 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     sizes = np.array(GRID, dtype=float)
     host = np.array(loop.measured_us)
     a, b = _line(sizes, host)
-    shaped: list[float] = []
-    eff, rate = 1.0, None
+    shaped: list[list[float]] = []
+    grid: list[list[float]] = []
+    rates: list[float] = []
     if netns_unavailable() is None:
-        rate = CAL_RATE_MBIT
-        say(f"machine calibration: the all-reduce grid on a veth link shaped to {rate:g} Mbit/s")
-        sh = calibrate(world=2, rate_mbit=rate, sizes=GRID, reps=2, budget_s=0.15)
-        shaped = [float(x) for x in sh.measured_us]
-        big = sizes >= (256 << 10)
-        wire = (np.array(shaped) - (a + b * sizes))[big]
-        nominal = sizes[big] * 8 / rate  # us at the nominal rate (2 ranks: share 1)
-        eff = float(np.clip(nominal.sum() / max(wire.sum(), 1e-9), 0.05, 1.0))
+        rates = list(CAL_RATES_MBIT)
+        eff_sizes = np.array(EFF_SIZES, dtype=float)
+        for rate in rates:
+            say(f"machine calibration: all-reduces on a veth link shaped to {rate:g} Mbit/s")
+            sh = calibrate(world=2, rate_mbit=rate, sizes=EFF_SIZES, reps=2, budget_s=0.15)
+            shaped.append([round(float(x), 2) for x in sh.measured_us])
+            wire = np.array(sh.measured_us, dtype=float) - (a + b * eff_sizes)
+            nominal = eff_sizes * 8 / rate  # us at the nominal rate (2 ranks: each sends the size once)
+            grid.append([round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])
+    eff = float(np.median(grid)) if grid else 1.0
     ag = np.array(loop.allgather_measured_us, dtype=float)
     pp = np.array(loop.p2p_oneway_us, dtype=float)
     say("machine calibration: standard kernel alone and co-run")
@@ -234,11 +264,22 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     return MachineCalibration(
         machine=identity(), version=version(), created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), sizes_bytes=list(GRID),
         loopback_us=[round(float(x), 2) for x in host], host_a_us=round(a, 3), host_b_us_per_byte=b,
-        shaped_rate_mbit=rate, shaped_us=[round(x, 2) for x in shaped], link_efficiency=round(eff, 4),
+        shaped_rates_mbit=rates, shaped_sizes_bytes=list(EFF_SIZES) if rates else [], shaped_us=shaped,
+        efficiency_grid=grid, link_efficiency=round(eff, 4),
         allgather_loopback_us=[round(float(x), 2) for x in ag], allgather_line=_line(sizes, ag),
         p2p_loopback_us=[round(float(x), 2) for x in pp], p2p_line=_line(sizes, pp),
         kernel_ms=round(alone, 4), corun_slowdown=corun, load_avg=round(load, 2),
     )  # fmt: skip
+
+
+def _grid_text(cal: MachineCalibration) -> str:
+    """``efficiency_grid`` in one line: per rate, the percentages at each size."""
+    if not cal.efficiency_grid:
+        return "not measured"
+    sizes = ", ".join(f"{s >> 10} KB" for s in cal.shaped_sizes_bytes)
+    rows = [f"{r:g} Mbit/s: " + ", ".join(f"{100 * e:.0f} %" for e in row)
+            for r, row in zip(cal.shaped_rates_mbit, cal.efficiency_grid, strict=True)]  # fmt: skip
+    return f"{'; '.join(rows)} at {sizes}"
 
 
 def _line(x: Any, y: Any) -> tuple[float, float]:
@@ -300,5 +341,5 @@ def calibrate_command(file: str | None, recalibrate: bool, as_json: bool) -> Non
         return
     click.echo(f"{'measured' if fresh else 'loaded'} {path} ({cal.created_at}): all-reduce host cost "
                f"{cal.host_a_us:.0f} us + {cal.host_b_us_per_byte * 1e3:.3f} us/KB, a shaped link delivers "
-               f"{100 * cal.link_efficiency:.0f} % of its rate, standard kernel {cal.kernel_ms:.3f} ms, co-run "
+               f"{100 * cal.link_efficiency:.0f} % of its rate (median; {_grid_text(cal)}), standard kernel {cal.kernel_ms:.3f} ms, co-run "
                f"slowdown {cal.corun_slowdown}")  # fmt: skip

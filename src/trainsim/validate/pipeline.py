@@ -16,7 +16,7 @@ microbatches, model, link)``:
    link taken from the machine calibration alone (``pipe_link``): the host work of one message,
    the calibration's one-way send line over loopback (``MachineCalibration.p2p_line``), half on the
    sender's thread and half on the receiver's; the bytes at the link's rate times the delivered
-   fraction of a shaped link (``link_efficiency``) and the link's latency in flight; and the two ranks
+   fraction of a shaped link (``efficiency``, at 1 MB) and the link's latency in flight; and the two ranks
    that share this host computing ``MachineCalibration.slowdown(2)`` slower while both compute;
 3. **freeze** every prediction in the result file (``predictions_frozen_at``);
 4. **measure** each configuration with ``trainsim.run.pipeline`` (torch's own runtime, the same action
@@ -136,7 +136,7 @@ def pipe_link(mc: MachineCalibration, rate_mbit: float | None, delay_ms: float) 
     from trainsim.transform.pipeline import Link
 
     a, b = mc.p2p_line
-    us_per_byte = 8 / (rate_mbit * mc.link_efficiency) if rate_mbit else 0.0
+    us_per_byte = 8 / (rate_mbit * mc.efficiency(rate_mbit)) if rate_mbit else 0.0
     bw_gbps = 8 / (us_per_byte * 1e3) if us_per_byte > 0 else 1e6  # unshaped: the host's work is the cost
     return Link(bw_gbps=bw_gbps, latency_us=delay_ms * 1e3, cpu_us=a / 2, cpu_us_per_byte=b / 2)
 
