@@ -55,17 +55,9 @@ def main() -> int:
             print(f"--link {', '.join(args.link)}: expected RATE/DELAY among "
                   f"{', '.join(f'{x[0]:g}/{x[1]:g}' for x in LINKS)}", file=sys.stderr)  # fmt: skip
             return 2
-    from trainsim.cluster.calibrate import (
-        FLOOR_MAX_US,
-        RESIDUAL_FROM_KNEE,
-        RESIDUAL_MIN_US,
-        ROUND_MAX_S,
-        ROUNDS,
-        ROUNDS_PER_S,
-        STEP_LEVELS,
-        calibrate_interleaved,
-        default_sizes,
-    )
+    from trainsim.cluster.calibrate import FLOOR_MAX_US, ROUNDS_PER_S, calibrate_interleaved
+    from trainsim.cluster.calibrate_fit import RESIDUAL_FROM_KNEE, RESIDUAL_MIN_US, STEP_LEVELS, default_sizes
+    from trainsim.cluster.calibrate_worker import ROUND_MAX_S, ROUNDS
     from trainsim.validate.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
@@ -78,7 +70,7 @@ def main() -> int:
         "## Calibrated gloo all-reduce model vs measurement (2 processes, shaped links)",
         "",
         head,
-        "Model: `t = a + max(floor + b0 (size - floor / b), b * size)` (`trainsim.cluster.calibrate.fit_knee`,",
+        "Model: `t = a + max(floor + b0 (size - floor / b), b * size)` (`trainsim.cluster.calibrate_fit.fit_knee`,",
         f"relative least squares) on one calibration run at sizes x2 apart (per size the median of {ROUNDS}",
         "interleaved rounds' means, at least 0.3 s of all-reduces in all; a size slower than "
         f"{ROUND_MAX_S * 1e3:g} ms has its {3 if args.quick else args.reps} repetitions spread over the rounds), times the run's measured / fitted",

@@ -38,10 +38,10 @@ def worker(size: int, blocks: int, calls: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainsim.cluster.calibrate import _pin, _realtime
+    from trainsim.cluster.calibrate_host import pin, realtime
 
     torch.set_num_threads(1)
-    pin_error, sched_error = _pin(), _realtime()
+    pin_error, sched_error = pin(), realtime()
     dist.init_process_group("gloo")
     x = torch.zeros(max(1, size // 4))
     for _ in range(200):  # connections up, caches warm

@@ -5,16 +5,14 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from trainsim.cluster.calibrate import (
+from trainsim.cluster.calibrate import Calibration, calibrate, calibrate_interleaved
+from trainsim.cluster.calibrate_fit import (
     KNEE_WINDOW,
     RESIDUAL_MIN_US,
-    Calibration,
-    _fit_knee_kept,
-    calibrate,
-    calibrate_interleaved,
     default_sizes,
     fit_alpha_beta,
     fit_knee,
+    fit_knee_kept,
     fit_model,
     knee_sizes,
     knee_us,
@@ -118,7 +116,7 @@ def test_residual_ratios_correct_the_form_above_the_knee_only() -> None:
     s = np.array(default_sizes(64 << 20), dtype=float)
     t = np.array([truth(x) for x in s])
     t[0] *= 1.08
-    fit, kept = _fit_knee_kept(s, t)
+    fit, kept = fit_knee_kept(s, t)
     alone = knee_us(s, *fit)
     assert np.abs(alone / t - 1)[s >= 1 << 20].max() > 0.01  # the form alone misses the large sizes
     sizes, ratio = residual_ratios(s, t, fit, kept)
@@ -147,7 +145,7 @@ def test_residual_ratios_skip_a_size_the_fit_left_out() -> None:
     s = np.array([*default_sizes(8 << 20), 9 << 20], dtype=float)
     t = 2000.0 + 0.46 * s
     t[list(s).index(1 << 20)] *= 1.16  # a burst of host load
-    fit, kept = _fit_knee_kept(s, t)
+    fit, kept = fit_knee_kept(s, t)
     assert not kept[list(s).index(1 << 20)]
     sizes, ratio = residual_ratios(s, t, fit, kept)
     assert (1 << 20) not in sizes and max(abs(r - 1) for r in ratio) < 0.01
@@ -182,7 +180,7 @@ def test_measured_knee_where_the_fit_places_none() -> None:
     lost = 0
     for _ in range(50):
         noisy = np.array(times) * (1 + rng.normal(0, 0.01, len(times)))
-        fit, _ = _fit_knee_kept(np.array(sizes, dtype=float), noisy)
+        fit, _ = fit_knee_kept(np.array(sizes, dtype=float), noisy)
         lost += not knee_sizes(fit, 1024, 256 << 10)
         c = measured_knee(sizes, list(noisy), fit[1])
         assert c is not None and 24 << 10 < c < 48 << 10
@@ -206,7 +204,7 @@ def test_knee_points_correct_the_corner_of_the_form() -> None:
 
     s = np.array(default_sizes(4 << 20, factor=2), dtype=float)
     t = np.array([truth(x) for x in s])
-    fit, kept = _fit_knee_kept(s, t)
+    fit, kept = fit_knee_kept(s, t)
     ks = knee_sizes(fit, 1024, 256 << 10)
     assert len(ks) >= 4
     sizes, ratio = residual_ratios(s, t, fit, kept, (ks, [truth(x) for x in ks]))
@@ -234,7 +232,7 @@ def test_floor_ratios_follow_a_step_on_the_latency_floor() -> None:
 
     s = np.array(default_sizes(4 << 20, factor=2), dtype=float)
     t = np.array([truth(x) for x in s])
-    fit, kept = _fit_knee_kept(s, t)
+    fit, kept = fit_knee_kept(s, t)
     c = fit[2] / fit[1]
     sizes, ratio = residual_ratios(s, t, fit, kept, measured_floor=True)
     below = [x for x in s if x < KNEE_WINDOW[0] * c]
@@ -385,7 +383,7 @@ def test_step_sizes_split_the_steepest_steps() -> None:
 
 
 def test_round_plan_spreads_slow_sizes_over_the_rounds() -> None:
-    from trainsim.cluster.calibrate import ROUND_MAX_S, round_plan
+    from trainsim.cluster.calibrate_worker import ROUND_MAX_S, round_plan
 
     slow = ROUND_MAX_S * 1e6 * 10
     plan = round_plan([300.0, slow, slow * 4], reps=5, n_rounds=5)
