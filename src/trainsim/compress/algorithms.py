@@ -27,6 +27,10 @@ graddrop
 randomk            k fp32 values (indices from a shared seed)  4k
 powersgd           P (r x rows) and Q (r x cols) fp32          4r(rows + cols)
 =================  =========================================  ==================================
+
+Why one module: it is a table of small codecs (20-80 lines each) whose wire layouts are documented
+together above and which share the private helpers and bases (``_pad``, ``_header``, ``_dither``,
+``_Sign``, ``_Quant``, ``_Sparse``); ``_register_builtins`` registers them as one set.
 """
 
 from __future__ import annotations

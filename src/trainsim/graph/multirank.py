@@ -37,6 +37,11 @@ show who waited for whom. ``load_job`` builds the job's graph in five steps:
 
 ``task_ranks``, ``rank_anchors``, ``barriers`` and ``compute_mask`` read the rank structure back from
 any graph built this way (the resource names carry it), so transformations of the graph keep it.
+
+Why one module: the five steps of ``load_job`` pass private intermediates to one another (``_Coll``,
+the matched keys, the clock offsets), and the helpers that read a job's graph back (``task_ranks``,
+``rank_anchors``) parse the ``r<rank>/`` resource names that ``merge_ranks`` writes; split by step, those
+would become cross-module internals.
 """
 
 from __future__ import annotations

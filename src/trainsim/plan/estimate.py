@@ -34,6 +34,10 @@ Model of one training step (every stage runs ``m = global_batch / (dp * micro_ba
 Placement: ranks are laid out ``tp`` innermost, then ``cp``, ``dp``, ``pp`` (``placement`` can swap
 dp and pp). A group whose members share a node uses NVLink; one spanning nodes gets the bus bandwidth
 ``min(nvlink, nic * members_per_node)`` (each GPU has its own NIC; NCCL runs one ring per NIC).
+
+Why one module: ``estimate`` and ``_stage_time`` are the formula above in two parts, and ``check``,
+``unit_table`` and ``stage_sums`` are its inputs, which the search reuses; a split would part the terms
+from the docstring that derives them.
 """
 
 from __future__ import annotations

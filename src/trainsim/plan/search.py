@@ -28,6 +28,10 @@ Three methods, one cost model (``estimate.estimate``), so their plans compare li
   (softmax per stage) optimised by Adam in torch on a smooth-max objective with memory and capacity
   penalties, then rounded and scored exactly. pipeDejavu proposed this and never showed it beating DP
   (research/planner_groundtruth.md §1b); docs/benchmarks/plan.md reports what it does here.
+
+Why one module: the three methods share the outer enumeration (``_outer``), the stage tables, the lower
+bounds and the scoring, which is what keeps their plans comparable; split per method, each would import
+those private pieces from a fourth module.
 """
 
 from __future__ import annotations

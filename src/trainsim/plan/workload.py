@@ -21,6 +21,10 @@ built from the tensors each operator saves (16-bit activations, 1-byte dropout m
 gated MLPs, missing dropout and context parallelism follow from the same terms. For GPT with
 ``kv_heads == heads`` and ``ffn = 4h`` they reduce to the paper's ``sbh(10 + 24/t + 5as/(ht))``
 (no SP) and ``sbh/t(34 + 5as/h)`` (SP).
+
+Why one module: ``Transformer`` and ``Cnn`` are the two halves of the one ``Model`` type the planner
+takes, built from the same ``Op`` and ``LayerCost`` records, and the presets at the end name instances of
+both.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ Per-gradient state (error feedback, warm-start Q, scratch) is keyed by the param
 bucket index, so DDP's bucket rebuild after the first iteration needs no special start iteration.
 A failure inside the hook is raised on the failing rank; its peers then fail in their next
 collective after the process group's ``timeout`` (set one in ``init_process_group``).
+
+Why one module: every hook shares the per-gradient state (``CompressionState``), the bucket layout and
+the chaining of futures (``_finish``, ``_then``), whose order of collectives must be the same on every
+rank; one file keeps that order in view.
 """
 
 # no "from __future__ import annotations": DDP checks the hook annotations as real objects

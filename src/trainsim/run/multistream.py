@@ -28,6 +28,10 @@ the tests check that it trains exactly like plain backprop.
 device and on the host: the host time of issuing it and the device time of running it alone. The
 simulator (``trainsim.transform.ooo.multistream_graph``) replays both, a host thread issuing
 phases in the runner's order and two streams executing them.
+
+Why one module: ``profile_streams``, ``two_stream_host_us``, ``corun_factor`` and ``measure_step_ms``
+time the trainer by running ``TwoStreamTrainer`` itself with its private capture and timer classes
+(``_Capture``, ``_PhaseTimer``), so that what is measured is the code path that trains.
 """
 
 from __future__ import annotations

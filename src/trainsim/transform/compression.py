@@ -26,6 +26,10 @@ hook and block the main thread: per bucket, half the codec work of ``casync_part
 the transfers on the communication channel (so they queue behind the bucket's uncompressed all-reduce,
 which shares the link; for PS the part of them that its partition pipeline does not hide behind the
 codec), then the other half of the codec work.
+
+Why one module: the graph transformation charges each bucket with the cost formulas below it
+(``casync_parts``, ``ps_phases_us``, ``ps_pipeline_us``, ``CodecCost``), and ``codec_us_per_step`` and
+``predict`` reuse the same ones; apart, the formulas would be a module that only this one imports.
 """
 
 from __future__ import annotations

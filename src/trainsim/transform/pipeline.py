@@ -17,6 +17,10 @@ Schedules (``SCHEDULES``): GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, 
 DualPipeV. 1F1B's order comes from ``ScheduleInterleaved1F1B`` with one stage per rank because
 ``Schedule1F1B.pipeline_order`` in torch 2.13 is not what its executor runs (its last rank starts at
 ``F1`` and ends with ``F{M}``, which ``_validate_schedule`` rejects); ``test_pipeline.py`` pins this.
+
+Why one module: the schedule's action lists, the stage split and the graph built from them are one flow
+of data (torch's ``_Action`` in, a ``TaskGraph`` out), which ``predict_pipeline`` runs end to end; it is
+just over the size where a split would pay.
 """
 
 from __future__ import annotations
