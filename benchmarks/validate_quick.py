@@ -1,7 +1,7 @@
 """Every out-of-sample validation's ``--quick`` run, several rounds in a row: the issue-47 figures.
 
     python benchmarks/validate_quick.py                    # 3 rounds of dp, compress, ooo-dp, pipeline, whatif
-    python benchmarks/validate_quick.py --rounds 1 --only whatif
+    python benchmarks/validate_quick.py --rounds 1 --only whatif   # the others keep their last rounds
 
 Each round runs ``trainsim validate <name> --quick`` (fresh seeds, printed and stored, so every round
 has its own drawn configurations) with the machine calibration already on disk
@@ -61,6 +61,7 @@ def main() -> int:
     names = args.only or list(NAMES)
     docs: list[dict[str, Any]] = []
     rows: list[list[Any]] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(1, args.rounds + 1):
             for name in names:
@@ -71,6 +72,15 @@ def main() -> int:
                 rows.append(row(doc, rnd))
                 print("  ", rows[-1], flush=True)
     raw = ROOT / "docs" / "benchmarks" / "validate_quick_runs.json"
+    if args.only and raw.exists():  # the validations not re-run keep their last rounds
+        kept = [d for d in json.loads(raw.read_text()) if d.get("name") not in names]
+        if kept:
+            first = min(str(d.get("started_at", "?")) for d in kept)
+            notes.append(f"{', '.join(dict.fromkeys(d['name'] for d in kept))}: rounds of an earlier invocation "
+                         f"(from {first}), not re-run by this command")  # fmt: skip
+        docs = kept + docs
+        rows = [row(d, d["round"]) for d in docs]
+        names = list(dict.fromkeys(d["name"] for d in docs))
     raw.write_text(json.dumps(docs, indent=1) + "\n")
     from results import command_line, record
 
@@ -90,7 +100,7 @@ def main() -> int:
     record("validate", "quick", command=command_line(), title="Out-of-sample validations, --quick, rounds in a row",
            headline={"columns": ["validation", "round", "seed", "configs", "mean |err| %", "worst %", "within 10 %",
                                  "within spread", "outside both", "ranking right", "wall s"], "rows": rows},
-           summary=[*summary, f"calibration: {json.dumps(cal)}" if cal else "calibration: -"],
+           summary=[*summary, *notes, f"calibration: {json.dumps(cal)}" if cal else "calibration: -"],
            raw=[raw.name], data={"rounds": args.rounds})  # fmt: skip
     return 0
 
