@@ -339,8 +339,9 @@ def stage_costs(
 def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int = 3) -> TaskGraph:
     """One task per action of ``lowered_order(spec)`` on each rank's queue, ``steps`` times.
 
-    Transfers run on a channel per (sender, receiver) pair and start when both the SEND and the
-    matching RECV have been posted (gloo's point-to-point rendezvous); a transfer occupies its channel
+    Transfers run on a channel per (sender, receiver) pair and start when the SEND has been posted
+    and the matching RECV's ready notice has reached the sender, one ``link.latency_us`` after the
+    RECV was posted (gloo's point-to-point rendezvous for unbound buffers); a transfer occupies its channel
     for its bytes and arrives ``link.latency_us`` later (the latencies of messages in flight overlap);
     a compute action waits for the transfer it consumes. Each step ends with the rank's optimizer update.
     """
@@ -383,7 +384,6 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
             if pair not in chan:
                 chan[pair] = b.resource(f"link{pair[0]}->{pair[1]}", ResourceKind.COMM_CHANNEL)
             size = costs.out_bytes[src_stage] if d == "F" else costs.out_bytes[dst]
-            deps = [s_task] + ([posted[key]] if key in posted else [])
             # the bytes occupy the channel; the latency does not (messages in flight overlap theirs):
             # it is a delay on a resource of its own
             wire = b.task(
@@ -393,9 +393,13 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
                 link.transfer_us(size) - link.latency_us,
                 step=step,
                 layer=f"stage{src_stage}",
-                deps=deps,
+                deps=[s_task],
                 size_bytes=size,
             )
+            if key in posted:
+                # gloo sends an unbound buffer only once the receiver's "ready" notice has crossed the
+                # link: the bytes leave at max(SEND posted, RECV posted + one latency)
+                b.edge(posted[key], wire, lag_us=link.latency_us)
             delay = b.resource(f"latency{src_stage}->{dst}:{d}{mb}:step{step}", ResourceKind.COMM_CHANNEL)
             xfer[key] = b.task(f"p2p_{d}{mb}:latency", TaskKind.COMM, delay, link.latency_us, step=step, deps=[wire])
         # Pass 2: data dependencies of compute actions.
