@@ -311,7 +311,7 @@ def run_validation(
     """Profile every model and codec, predict every configuration and freeze the predictions in
     ``out``, then run them ``passes`` times, interleaved; return the finished document (the first
     ``n_fixed`` configurations are the fixed ones, the rest ``held_out``)."""
-    from trainsim.validate.dp import _workdir, profile_model
+    from trainsim.validate.dp import _workdir, note_out_of_sync, profile_models
     from trainsim.validate.protocol import ResultFile, interleave
 
     if passes < 1:
@@ -321,12 +321,10 @@ def run_validation(
     res = ResultFile(out, command=meta.pop("command", "validate compress"), seed=seed,
                      calibration=meta.pop("calibration", None), **meta)  # fmt: skip
     with _workdir() as wd:
-        profs: dict[tuple[str, int, int], Profile] = {}
+        profs = profile_models({c.model_key for c in configs}, wd, profiler, steps=steps, log=log)
         shapes: dict[tuple[str, int, int], dict[str, tuple[int, ...]]] = {}
         names: dict[tuple[str, int, int], list[tuple[str, int]]] = {}
-        for key in sorted({c.model_key for c in configs}):
-            log(f"profiling {key[0]}" + (f" w{key[1]} d{key[2]}" if key[1:] != MLP_DEFAULT else "") + " (one process alone)")
-            profs[key] = (profiler or (lambda k, w: profile_model(k, w, steps=max(5, steps))))(key, wd)
+        for key in profs:
             shapes[key], names[key] = model_shapes(key)
         costs: dict[str, Any] = {}
         for c in configs:
@@ -356,8 +354,7 @@ def run_validation(
             else:
                 step, diag = run_config(configs[i], steps=row["steps"], warmup=warmup, plan_file=plan_files[i],
                                         netns=netns)  # fmt: skip
-            if not diag.get("params_in_sync", True):
-                res.doc.setdefault("notes", []).append(f"{configs[i].label()}: ranks ended with different weights")
+            note_out_of_sync(res, configs[i].label(), diag)
             return step, diag
 
         return interleave(res, run_one, passes=passes, log=log)

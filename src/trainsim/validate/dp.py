@@ -373,12 +373,10 @@ def run_validation(
     res = ResultFile(out, command=meta.pop("command", "validate dp"), seed=seed, calibration=meta.pop("calibration", None),
                      **meta)  # fmt: skip
     with _workdir() as wd:
-        profs: dict[tuple[str, int, int], Profile] = {}
-        for key in sorted({c.model_key for c in configs}):
-            log(f"profiling {key[0]}" + (f" w{key[1]} d{key[2]}" if key[1:] != MLP_DEFAULT else "") + " (one process alone)")
-            profs[key] = (profiler or (lambda k, w: profile_model(k, w, steps=max(5, steps))))(key, wd)
-            log(f"  {profs[key].plain_ms:.1f} ms/step; DDP's own work {profs[key].ddp_overhead_ms:.1f} ms, "
-                f"the P3 runtime's {profs[key].p3_overhead_ms:.1f} ms")  # fmt: skip
+        profs = profile_models({c.model_key for c in configs}, wd, profiler, steps=steps, log=log)
+        for key, prof in profs.items():
+            log(f"  {key[0]}: {prof.plain_ms:.1f} ms/step; DDP's own work {prof.ddp_overhead_ms:.1f} ms, "
+                f"the P3 runtime's {prof.p3_overhead_ms:.1f} ms")  # fmt: skip
         rows = []
         for i, c in enumerate(configs):
             pred = predict_ms(profs[c.model_key], c, mcal)
@@ -391,11 +389,28 @@ def run_validation(
 
         def run_one(i: int, _pass: int) -> tuple[float, dict[str, Any]]:
             step, diag = real(configs[i], res.doc["runs"][i])
-            if not diag.get("params_in_sync", True):
-                res.doc.setdefault("notes", []).append(f"{configs[i].label()}: ranks ended with different weights")
+            note_out_of_sync(res, configs[i].label(), diag)
             return step, diag
 
         return interleave(res, run_one, passes=passes, log=log)
+
+
+def profile_models(keys: set[tuple[str, int, int]], wd: Path, profiler: Profiler | None, *, steps: int,
+                   log: Callable[[str], None]) -> dict[tuple[str, int, int], Profile]:  # fmt: skip
+    """Each model of ``keys`` (model, width, depth) profiled in one process alone, in ``wd``
+    (``profiler``: a stand-in for tests; default ``profile_model``)."""
+    prof = profiler or (lambda k, w: profile_model(k, w, steps=max(5, steps)))
+    out: dict[tuple[str, int, int], Profile] = {}
+    for key in sorted(keys):
+        log(f"profiling {key[0]}" + (f" w{key[1]} d{key[2]}" if key[1:] != MLP_DEFAULT else "") + " (one process alone)")
+        out[key] = prof(key, wd)
+    return out
+
+
+def note_out_of_sync(res: Any, label: str, diag: dict[str, Any]) -> None:
+    """Say in the result file when a run's ranks ended with different weights (``params_in_sync``)."""
+    if not diag.get("params_in_sync", True):
+        res.doc.setdefault("notes", []).append(f"{label}: ranks ended with different weights")
 
 
 @contextlib.contextmanager

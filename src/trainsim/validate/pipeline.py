@@ -48,7 +48,7 @@ import click
 from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
-from trainsim.validate.protocol import protocol_options
+from trainsim.validate.protocol import ConfigRunner, protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
@@ -178,9 +178,8 @@ def predict_config(case: PipeCase, cp: CaseProfile, mc: MachineCalibration, name
 
 
 # --------------------------------------------------------------------------- the harness
-Runner = Callable[[dict[str, Any], int], "float | tuple[float, dict[str, Any]]"]
-"""``runner(config, pass_index)``: run one frozen configuration for real; its step (ms), or
-``(step_ms, diagnostics)``."""
+Runner = ConfigRunner
+"""``runner(config, pass_index)`` (``validate.protocol.ConfigRunner``)"""
 Profiler = Callable[[PipeCase], CaseProfile]
 
 
@@ -203,20 +202,13 @@ def run_pipeline_validation(
     """Profile and predict every configuration of ``cases`` (frozen in ``out`` before the first real
     run), then run them ``passes`` times, interleaved; return the finished document. ``runner``,
     ``profiler``, ``shaped``: as in ``validate.ooo.run_ooo_validation``."""
-    from trainsim.validate.protocol import ResultFile, interleave, now_iso, write_json
+    from trainsim.validate.protocol import ResultFile, freeze_and_run, now_iso, shaping, write_json
 
     if passes < 1:
         raise UserError(f"validate pipeline: passes={passes}; expected >= 1")
     for c in cases:
         check_case(c)
-    notes: list[str] = []
-    if shaped is None:
-        from trainsim.validate.netns import netns_unavailable
-
-        reason = netns_unavailable()
-        shaped = reason is None
-        if reason is not None:
-            notes.append(f"network namespaces unavailable ({reason}): every case predicted and run on unshaped loopback")
+    shaped, notes = shaping(shaped)
     meta = dict(meta or {})
     res = ResultFile(out, command=meta.pop("command", "run_pipeline_validation"), seed=seed, calibration=calibration,
                      passes=passes, steps=steps, warmup=warmup, notes=notes, **meta)  # fmt: skip
@@ -237,17 +229,8 @@ def run_pipeline_validation(
             label = f"{name}/{spr} M={m}, {case.model} x{case.blocks}, {link}" + (" *" if case.drawn else "")
             rows.append({"label": label, "config": cfg, "held_out": case.drawn, **pred, "predicted_at": now_iso()})
             log(f"  {label}: split {cfg['split']}, predicted {pred['predicted_ms']:.2f} ms")
-    res.freeze(rows)  # every prediction is on disk before the first real run
-    log(f"predictions frozen in {out}")
-    with contextlib.ExitStack() as stack:
-        if runner is None:
-            runner = stack.enter_context(real_runner(steps=steps, warmup=warmup, shaped=shaped))
-
-        def run_one(i: int, p: int) -> float | tuple[float, dict[str, Any]]:
-            assert runner is not None
-            return runner(res.doc["runs"][i]["config"], p)
-
-        doc = interleave(res, run_one, passes=passes, log=log)
+    doc = freeze_and_run(res, rows, runner=runner, passes=passes, log=log,
+                         real_runner=lambda: real_runner(steps=steps, warmup=warmup, shaped=bool(shaped)))  # fmt: skip
     doc["ranking_same_m"] = ranking_same_m(doc["runs"])
     write_json(out, doc)
     return doc

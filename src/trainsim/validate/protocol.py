@@ -22,6 +22,7 @@ Ctrl-C (or any error) during the runs keeps what was measured: the file is rewri
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -295,6 +296,42 @@ def interleave(
         res.mark_partial("interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
         raise
     return res.finish()
+
+
+ConfigRunner = Callable[[dict[str, Any], int], "float | tuple[float, dict[str, Any]]"]
+"""``runner(config, pass_index)``: run one frozen configuration for real; its step (ms), or
+``(step_ms, diagnostics)``."""
+
+
+def shaping(shaped: bool | None) -> tuple[bool, list[str]]:
+    """``(whether links are shaped, notes)``: ``shaped`` when given, else whether network namespaces
+    work here; when they do not, the note that says every case is predicted and run on loopback."""
+    if shaped is not None:
+        return shaped, []
+    from trainsim.validate.netns import netns_unavailable
+
+    reason = netns_unavailable()
+    if reason is None:
+        return True, []
+    return False, [f"network namespaces unavailable ({reason}): every case predicted and run on unshaped loopback"]
+
+
+def freeze_and_run(
+    res: ResultFile,
+    rows: list[dict[str, Any]],
+    *,
+    runner: ConfigRunner | None,
+    real_runner: Callable[[], contextlib.AbstractContextManager[ConfigRunner]],
+    passes: int,
+    log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """Freeze ``rows`` in ``res``, then run every configuration ``passes`` times, interleaved, with
+    ``runner`` (a stand-in for tests) or the runner that ``real_runner()`` opens for the duration."""
+    res.freeze(rows)  # every prediction is on disk before the first real run
+    log(f"predictions frozen in {res.path}")
+    with contextlib.ExitStack() as stack:
+        run = runner if runner is not None else stack.enter_context(real_runner())
+        return interleave(res, lambda i, p: run(res.doc["runs"][i]["config"], p), passes=passes, log=log)
 
 
 def draw_seed(seed: int | None) -> int:
