@@ -244,18 +244,16 @@ def test_a_send_waits_for_the_receivers_ready_notice_to_cross_the_link() -> None
     res = simulate(g)
     wires = [i for i in range(g.n_tasks) if g.task_name(i).startswith("p2p_") and ":" not in g.task_name(i)]
     assert wires
-    for w in wires:
+    channel_free: dict[int, float] = {}
+    held = 0
+    for w in sorted(wires, key=lambda t: res.start_us[t]):
         preds = [int(s) for s, d in zip(g.edge_src, g.edge_dst, strict=True) if d == w]
         sends = [p for p in preds if "SEND" in g.task_name(p)]
         recvs = [p for p in preds if "RECV" in g.task_name(p)]
         assert len(sends) == 1 and len(recvs) == 1, [g.task_name(p) for p in preds]
         ready = max(res.end_us[sends[0]], res.end_us[recvs[0]] + lat)
-        assert res.start_us[w] >= ready - 1e-6
-        # the wire waits for nothing else on a free channel: it starts at that moment or when the channel frees
-        assert res.start_us[w] == pytest.approx(ready) or res.start_us[w] > ready
-    # some message is held by the notice: without it, it would have left earlier
-    assert any(
-        res.start_us[w] > max(res.end_us[p] for p in
-                              [int(s) for s, d in zip(g.edge_src, g.edge_dst, strict=True) if d == w]) + 1.0
-        for w in wires
-    )  # fmt: skip
+        # the wire waits for nothing else: it starts at that moment, or when its channel frees
+        assert res.start_us[w] == pytest.approx(max(ready, channel_free.get(int(g.resource[w]), 0.0)))
+        channel_free[int(g.resource[w])] = float(res.end_us[w])
+        held += res.start_us[w] > max(res.end_us[p] for p in preds) + 1.0
+    assert held  # some message is held by the notice: without it, it would have left earlier
