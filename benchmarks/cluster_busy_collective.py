@@ -3,7 +3,7 @@
     python benchmarks/cluster_busy_collective.py                    # 100 Mbit/s, 16 KiB-1 MiB, under a minute
     python benchmarks/cluster_busy_collective.py --rate 1000 --delay 0
 
-Two ranks in network namespaces joined by a shaped link (``trainsim.validate.netns``). Per size, in
+Two ranks in network namespaces joined by a shaped link (``trainsim.testbed.netns``). Per size, in
 alternating rounds: *idle*, both ranks post the all-gather and wait for it; *busy*, both post it and
 then run matrix multiplies for 60 ms before waiting. The time is from posting to the moment the
 future's callback ran (on gloo's thread), as rank 0 sees it. The difference is what a transfer pays
@@ -75,8 +75,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="16384,65536,262144,1048576", help="bytes per rank, comma-separated")
     args = ap.parse_args()
     from cluster_common import command_line, stamp, write_section
+    from trainsim.testbed.netns import Netns
     from trainsim.validate.launch import launch
-    from trainsim.validate.netns import Netns
 
     sizes = [int(s) for s in args.sizes.split(",")]
     head = stamp(command_line())

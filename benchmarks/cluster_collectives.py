@@ -58,7 +58,7 @@ def main() -> int:
     from trainsim.cluster.calibrate import FLOOR_MAX_US, ROUNDS_PER_S, calibrate_interleaved
     from trainsim.cluster.calibrate_fit import RESIDUAL_FROM_KNEE, RESIDUAL_MIN_US, STEP_LEVELS, default_sizes
     from trainsim.cluster.calibrate_worker import ROUND_MAX_S, ROUNDS
-    from trainsim.validate.netns import Netns, netns_unavailable
+    from trainsim.testbed.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
     if reason is not None:

@@ -92,8 +92,8 @@ def main() -> int:
         worker(*args.worker)
         return 0
     from cluster_common import command_line, stamp, write_section
+    from trainsim.testbed.netns import Netns, netns_unavailable
     from trainsim.validate.launch import launch
-    from trainsim.validate.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
     if reason is not None:

@@ -1,5 +1,5 @@
 """The emulated link itself: throughput, host CPU and message times, with TCP's packet size as set
-by ``trainsim.validate.netns`` against the kernel's default 64 KiB packets, side by side.
+by ``trainsim.testbed.netns`` against the kernel's default 64 KiB packets, side by side.
 
     python benchmarks/cluster_link.py                      # 1000, 500 and 100 Mbit/s, ~3 min
     python benchmarks/cluster_link.py --rate 1000 --rounds 1
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainsim.validate.netns import Netns
+    from trainsim.testbed.netns import Netns
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -114,7 +114,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.5, help="seconds of line rate sent per throughput run")
     args = ap.parse_args()
     from cluster_common import command_line, stamp, write_section
-    from trainsim.validate import netns
+    from trainsim.testbed import netns
 
     if args.rounds < 1 or args.seconds <= 0:
         print(f"error: --rounds {args.rounds} / --seconds {args.seconds}; expected >= 1 and > 0", file=sys.stderr)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compress_allgather.py           # 20, 100, 1000 Mbit/s; ~6 min
     .venv/bin/python benchmarks/compress_allgather.py --quick   # 100 Mbit/s, fewer rounds
 
-Two ranks in shaped network namespaces (``trainsim.validate.netns``). Per link, side by side in
+Two ranks in shaped network namespaces (``trainsim.testbed.netns``). Per link, side by side in
 alternating rounds: (1) the all-gather alone, of the wire sizes of the mlp's two DDP buckets under onebit
 (per rank), one call, and the two back to back and both in flight; (2) onebit DDP training of the zoo mlp
 (``trainsim.validate.compress``'s worker) with each method, alternating, median step time. Methods:
@@ -95,8 +95,8 @@ def main() -> int:
     import torch
 
     from compress_convergence import OUT_MD, write_section
+    from trainsim.testbed.netns import Netns, netns_unavailable
     from trainsim.validate.launch import launch
-    from trainsim.validate.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
     if reason is not None:

@@ -53,7 +53,7 @@ def _git_rev() -> str:
 def _network(rate_mbit: float | None, notes: list[str]) -> Iterator[tuple[Any, Any, str]]:
     """(the Netns or None, a popen for the ranks, the master address)."""
     from trainsim.run.ranks import local_popen
-    from trainsim.validate.netns import Netns, netns_unavailable
+    from trainsim.testbed.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
     if reason is not None:

@@ -409,7 +409,7 @@ def test_level_counts() -> None:
 
 
 def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainsim.validate import netns
+    from trainsim.testbed import netns
 
     monkeypatch.setattr(netns, "netns_unavailable", lambda: "forced for the test")
     cal = calibrate(world=2, max_bytes=64 << 10, reps=2)

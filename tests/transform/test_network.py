@@ -151,7 +151,7 @@ def test_five_times_faster_link_shortens_a_real_ddp_trace(tmp_path: Path) -> Non
     from trainsim.graph.build import load_trace
     from trainsim.run.traced import TracedRunConfig, traced_run
     from trainsim.simulate.engine import simulate
-    from trainsim.validate.netns import netns_unavailable
+    from trainsim.testbed.netns import netns_unavailable
 
     if (why := netns_unavailable()) is not None:
         pytest.skip(why)

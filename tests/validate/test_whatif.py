@@ -174,7 +174,7 @@ def test_real_fused_adam_pair(tmp_path: Path) -> None:
 @pytest.mark.multiproc
 @pytest.mark.netns
 def test_real_network_pair(tmp_path: Path) -> None:
-    from trainsim.validate.netns import netns_unavailable
+    from trainsim.testbed.netns import netns_unavailable
 
     if netns_unavailable():
         pytest.skip(str(netns_unavailable()))

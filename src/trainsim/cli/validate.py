@@ -5,7 +5,7 @@
 
 Each subcommand lives in its own module and is imported only when used (no ``import torch`` here).
 To add one, write a click command and add ONE line to ``VALIDATE_COMMANDS`` (keep it sorted).
-Network-namespace helpers for the harnesses: ``trainsim.validate.netns``.
+Network-namespace helpers for the harnesses: ``trainsim.testbed.netns``.
 """
 
 from __future__ import annotations

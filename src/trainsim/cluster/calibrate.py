@@ -6,7 +6,7 @@
 
 Algorithm:
 1. start ``world`` gloo processes (``trainsim.validate.launch``), each in its own network namespace
-   joined by links shaped to ``rate_mbit``/``delay_ms`` (``trainsim.validate.netns``), or on loopback
+   joined by links shaped to ``rate_mbit``/``delay_ms`` (``trainsim.testbed.netns``), or on loopback
    when no shaping is asked for or namespaces cannot be made;
 2. for sizes from 1 KiB up to ``max_bytes`` (x4 apart) time all-reduces (each after a barrier,
    warm-up discarded): ``reps`` of them, then more until about ``budget_s`` of all-reduce time per
@@ -169,8 +169,8 @@ def calibrate_interleaved(
     minutes apart: one launch of them may catch a slow stretch of the host (1 Gbit/s, 2026-11-27
     05:40: a 181 MiB check read 9.50 ms/MiB, the other large sizes 9.02-9.08). Other arguments as
     ``calibrate``."""
+    from trainsim.testbed.netns import Netns, NetnsUnavailable, netns_unavailable
     from trainsim.validate.launch import launch
-    from trainsim.validate.netns import Netns, NetnsUnavailable, netns_unavailable
 
     if world < 2:
         raise UserError(f"calibrate: world={world}; expected at least 2 processes")

@@ -9,7 +9,7 @@ other ranks are killed (their process groups), and ``RankFailed`` names the firs
 the tail of its stderr. The workers set timeouts on their process groups as well (``init_gloo``), so
 a peer that dies mid-collective makes the survivors fail fast instead of waiting forever.
 ``popen`` decides where a rank runs: ``local_popen`` on this machine (loopback), or
-``trainsim.validate.netns.Netns.popen`` inside a shaped network namespace.
+``trainsim.testbed.netns.Netns.popen`` inside a shaped network namespace.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ around a zoo model, the optimizer of ``trainsim.capture.profile``, ``warmup`` st
 timed steps *without* the profiler (what the user's job experiences), then ``profiled`` steps under
 ``torch.profiler`` whose Kineto trace each rank writes to ``<out>/rank<R>.json.gz`` (with the
 parameter sidecar of ``trainsim.capture.profile`` beside it). With ``rate_mbit`` the ranks run in
-network namespaces joined by links shaped with ``tc`` (``trainsim.validate.netns``, needs root);
+network namespaces joined by links shaped with ``tc`` (``trainsim.testbed.netns``, needs root);
 without it, on loopback.
 
 The result (``traced_run``) is a dict: ``step_ms`` (per timed step, the slowest rank's time over the
@@ -144,7 +144,7 @@ def _network(cfg: TracedRunConfig) -> Iterator[tuple[Any, str]]:
     if cfg.rate_mbit is None and cfg.delay_ms == 0:
         yield local_popen, "127.0.0.1"
         return
-    from trainsim.validate.netns import Netns, netns_unavailable
+    from trainsim.testbed.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
     if reason is not None:

@@ -22,7 +22,7 @@ It follows ``trainsim.validate.protocol``:
    host share its cores); ``simulate.contention`` charges the collectives' host CPU (the loopback
    all-reduce's host cost) to the computation they overlap;
 4. **measure**: real training, one gloo process per network namespace on links shaped with tc
-   (``validate.netns``; unshaped loopback without the rights, said once), ``--passes`` passes over
+   (``testbed.netns``; unshaped loopback without the rights, said once), ``--passes`` passes over
    every configuration interleaved (A B C A B C ...). Nothing measured here reaches a prediction; a
    run's own readings (its steps, whether the ranks stayed in sync) go to its ``diagnostics``.
 
@@ -323,8 +323,8 @@ def run_config(cfg: RunConfig, *, steps: int, warmup: int, agree_rounds: bool, n
     """Run ``cfg`` for real (``dp_worker``, one gloo process per namespace on a link shaped for it, or
     on loopback when ``netns`` is False); return the median step (the slowest rank's, ms) and the run's
     diagnostics."""
+    from trainsim.testbed.netns import Netns
     from trainsim.validate.launch import launch
-    from trainsim.validate.netns import Netns
 
     wcfg = {"model": cfg.model, "width": cfg.width, "depth": cfg.depth, "mode": cfg.mode, "steps": steps,
             "warmup": warmup, "bucket_cap_mb": cfg.bucket_cap_mb, "slice_bytes": cfg.slice_bytes,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainsim.run.ranks import free_port
-from trainsim.validate.netns import Netns
+from trainsim.testbed.netns import Netns
 
 
 def rank_env(rank: int, world: int, master: str, port: int, ifname: str, threads: int = 1) -> dict[str, str]:

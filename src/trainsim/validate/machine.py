@@ -225,7 +225,7 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     import numpy as np
 
     from trainsim.cluster.calibrate import calibrate
-    from trainsim.validate.netns import netns_unavailable
+    from trainsim.testbed.netns import netns_unavailable
 
     say = log or (lambda s: None)
     load = os.getloadavg()[0]

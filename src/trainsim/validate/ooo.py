@@ -16,7 +16,7 @@ The protocol of ``trainsim.validate.protocol``, per configuration ``(model, link
    computation of the two ranks that share this host runs ``MachineCalibration.slowdown(2)`` slower;
 3. **freeze** every prediction in the result file (``predictions_frozen_at``);
 4. **measure** with ``trainsim.run.ooo_dp`` (one gloo process per network namespace, the link shaped
-   with tc: ``validate.netns``; unshaped loopback, predicted as such, where namespaces are unavailable),
+   with tc: ``testbed.netns``; unshaped loopback, predicted as such, where namespaces are unavailable),
    every configuration once per pass, interleaved, ``--passes`` passes. The slowest rank's step median
    and minimum go to each pass's ``diagnostics``, never into a prediction.
 
@@ -249,7 +249,7 @@ def _case_key(r: dict[str, Any]) -> tuple[Any, ...]:
 @contextlib.contextmanager
 def emulated_links(shaped: bool) -> Iterator[Callable[[float | None, float], tuple[Any, str]]]:
     """``link(rate_mbit, delay_ms) -> (popen, master address)``: a 2-node emulated network of that
-    rate and latency (``validate.netns``), made on first use and kept until the block ends (torn down
+    rate and latency (``testbed.netns``), made on first use and kept until the block ends (torn down
     on Ctrl-C too), one per distinct link: a network reshaped in place from no latency to some kept
     the MTU and qdisc choice of the first shape. Unshaped loopback when not ``shaped``."""
     import os
@@ -259,7 +259,7 @@ def emulated_links(shaped: bool) -> Iterator[Callable[[float | None, float], tup
     if not shaped:
         yield lambda rate, delay: (local_popen, "127.0.0.1")
         return
-    from trainsim.validate.netns import Netns
+    from trainsim.testbed.netns import Netns
 
     with contextlib.ExitStack() as stack:
         nets: dict[tuple[float | None, float], Any] = {}

@@ -250,9 +250,9 @@ def open_run(name: str, *, seed: int, out: str | None, force: bool, calibration:
 
     from rich.console import Console
 
+    from trainsim.testbed.netns import netns_unavailable
     from trainsim.validate import progress_log
     from trainsim.validate.machine import load_machine
-    from trainsim.validate.netns import netns_unavailable
 
     path = check_result_path(out, force, f"{name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     log = progress_log(Console(stderr=True))
@@ -308,7 +308,7 @@ def shaping(shaped: bool | None) -> tuple[bool, list[str]]:
     work here; when they do not, the note that says every case is predicted and run on loopback."""
     if shaped is not None:
         return shaped, []
-    from trainsim.validate.netns import netns_unavailable
+    from trainsim.testbed.netns import netns_unavailable
 
     reason = netns_unavailable()
     if reason is None:

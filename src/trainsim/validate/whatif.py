@@ -341,7 +341,7 @@ def whatif_command(quick: bool, seed: int | None, kinds: tuple[str, ...], passes
     """Pairs of real runs: predict the second from the first one's trace, write it down, then measure."""
     from rich.console import Console
 
-    from trainsim.validate.netns import netns_unavailable
+    from trainsim.testbed.netns import netns_unavailable
     from trainsim.validate.protocol import check_result_path, draw_seed
 
     if passes < 1:

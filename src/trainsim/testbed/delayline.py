@@ -1,7 +1,7 @@
 """A user-space delay line: hold every packet routed into a TUN device for a fixed time, then send it on.
 
-    # inside the hub namespace that ``trainsim.validate.netns`` builds (it starts this for you):
-    $ python -m trainsim.validate.delayline tsabc123d 5.0
+    # inside the hub namespace that ``trainsim.testbed.netns`` builds (it starts this for you):
+    $ python -m trainsim.testbed.delayline tsabc123d 5.0
 
 Used when the kernel has no ``netem`` qdisc. The hub routes packets arriving from the nodes into the
 TUN device (policy rule ``iif <veth> lookup 100``); this process reads each one, waits ``delay_ms``
@@ -49,7 +49,7 @@ def serve(dev: str, delay_ms: float) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m trainsim.validate.delayline TUN_DEVICE DELAY_MS", file=sys.stderr)
+        print("usage: python -m trainsim.testbed.delayline TUN_DEVICE DELAY_MS", file=sys.stderr)
         return 2
     try:
         serve(argv[0], float(argv[1]))

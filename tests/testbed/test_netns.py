@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainsim.errors import UserError
-from trainsim.validate import netns
-from trainsim.validate.netns import Netns, cleanup_stale, list_namespaces, netns_unavailable
+from trainsim.testbed import netns
+from trainsim.testbed.netns import Netns, cleanup_stale, list_namespaces, netns_unavailable
 
 needs_netns = pytest.mark.skipif(netns_unavailable() is not None, reason=f"no netns: {netns_unavailable()}")
 
@@ -105,7 +105,7 @@ def test_cleanup_on_exception() -> None:
 @needs_netns
 def test_cleanup_on_sigterm_and_stale() -> None:
     code = (
-        "import sys,time\nfrom trainsim.validate.netns import Netns\n"
+        "import sys,time\nfrom trainsim.testbed.netns import Netns\n"
         "with Netns(2, rate_mbit=10, delay_ms=2) as net:\n"
         "    net.popen(0, [sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         "    print(net.prefix, flush=True)\n    time.sleep(60)\n"

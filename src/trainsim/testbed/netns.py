@@ -1,6 +1,6 @@
 """Emulated networks on one machine: network namespaces joined by shaped veth links.
 
-    >>> from trainsim.validate.netns import Netns, netns_unavailable
+    >>> from trainsim.testbed.netns import Netns, netns_unavailable
     >>> if netns_unavailable() is None:                                   # doctest: +SKIP
     ...     with Netns(2, rate_mbit=100, delay_ms=5) as net:
     ...         out = net.run(0, ["python3", "-c", "print('hello from', 0)"])
@@ -370,7 +370,7 @@ class Netns:
                 _sh(["ip", "netns", "exec", hub, "sysctl", "-q", "-w", f"net.ipv4.conf.{key}.rp_filter=0"])
             _sh(["ip", "-n", hub, "route", "add", "default", "dev", tun, "table", "100"])
         self._delay_proc = subprocess.Popen(
-            ["ip", "netns", "exec", hub, sys.executable, "-m", "trainsim.validate.delayline", tun, str(delay_ms)],
+            ["ip", "netns", "exec", hub, sys.executable, "-m", "trainsim.testbed.delayline", tun, str(delay_ms)],
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
