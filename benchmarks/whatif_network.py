@@ -126,9 +126,10 @@ def _whatif(trace: str, *args: str) -> dict[str, Any]:
 
 def _run(cfg: Any, folder: Path) -> dict[str, Any]:
     from trainsim.run.traced import traced_run
+    from trainsim.testbed.netns import shaped_ranks
 
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    res = traced_run(cfg, folder)
+    res = traced_run(cfg, folder, network=shaped_ranks)
     rank0 = res["rank_step_ms"][0]
     # the host's 1-minute load before and after: other users' work on the 2 cores slows the compute
     return {"rate_mbit": cfg.rate_mbit, "median_step_ms": statistics.median(rank0), "window_step_ms": res["step_ms"],

@@ -1,4 +1,5 @@
-"""traced_run's handling of a rank that torch aborts (no real processes: run_workers is replaced)."""
+"""traced_run's handling of a rank that torch aborts, and where it runs the ranks (no real processes:
+run_workers is replaced)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,30 @@ def test_two_aborts_in_a_row_end_the_run(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(ranks, "run_workers", _fake(fails))
     with pytest.raises(RankFailed, match="second"):
         traced.traced_run(traced.TracedRunConfig(model="mlp", world=2), tmp_path / "t")
+
+
+def test_a_shaped_link_runs_the_ranks_where_network_puts_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from trainsim.errors import UserError
+
+    seen: dict[str, Any] = {}
+
+    def run_workers(*args: Any, popen: Any, master: str, **kw: Any) -> list[dict[str, Any]]:
+        seen.update(popen=popen, master=master)
+        return _fake([])()
+
+    @contextlib.contextmanager
+    def network(world: int, rate_mbit: float | None, delay_ms: float) -> Any:
+        seen["link"] = (world, rate_mbit, delay_ms)
+        yield "placed-popen", "10.0.0.2"
+
+    monkeypatch.setattr(ranks, "run_workers", run_workers)
+    cfg = traced.TracedRunConfig(model="mlp", world=2, rate_mbit=100, delay_ms=2.0)
+    with pytest.raises(UserError, match="network="):  # the test bed's namespaces are not run's to make
+        traced.traced_run(cfg, tmp_path / "a")
+    traced.traced_run(cfg, tmp_path / "b", network=network)
+    assert seen == {"link": (2, 100, 2.0), "popen": "placed-popen", "master": "10.0.0.2"}
 
 
 @pytest.mark.parametrize(

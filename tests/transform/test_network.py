@@ -151,11 +151,11 @@ def test_five_times_faster_link_shortens_a_real_ddp_trace(tmp_path: Path) -> Non
     from trainsim.graph.build import load_trace
     from trainsim.run.traced import TracedRunConfig, traced_run
     from trainsim.simulate.engine import simulate
-    from trainsim.testbed.netns import netns_unavailable
+    from trainsim.testbed.netns import netns_unavailable, shaped_ranks
 
     if (why := netns_unavailable()) is not None:
         pytest.skip(why)
-    res = traced_run(TracedRunConfig(model="mlp", world=2, rate_mbit=100), tmp_path / "run")
+    res = traced_run(TracedRunConfig(model="mlp", world=2, rate_mbit=100), tmp_path / "run", network=shaped_ranks)
     for trace in res["traces"]:
         g = load_trace(trace)
         base = simulate(g).mean_step_ms

@@ -8,9 +8,9 @@ Each rank is one process with one intra-op thread: torch DDP over gloo (no DDP w
 around a zoo model, the optimizer of ``trainsim.capture.profile``, ``warmup`` steps, then ``steps``
 timed steps *without* the profiler (what the user's job experiences), then ``profiled`` steps under
 ``torch.profiler`` whose Kineto trace each rank writes to ``<out>/rank<R>.json.gz`` (with the
-parameter sidecar of ``trainsim.capture.profile`` beside it). With ``rate_mbit`` the ranks run in
-network namespaces joined by links shaped with ``tc`` (``trainsim.testbed.netns``, needs root);
-without it, on loopback.
+parameter sidecar of ``trainsim.capture.profile`` beside it). With ``rate_mbit`` the ranks run where
+``network`` puts them (the test bed's shaped namespaces: ``trainsim.testbed.netns.shaped_ranks``, needs
+root); without it, on loopback.
 
 The result (``traced_run``) is a dict: ``step_ms`` (per timed step, the slowest rank's time over the
 window, as ``run.ranks.window_step_ms``), ``rank_step_ms`` (each rank's timed steps), ``traces`` (paths,
@@ -24,9 +24,9 @@ import gzip
 import itertools
 import json
 import math
-import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,10 @@ from typing import Any
 from trainsim.capture.profile import OPTIMIZERS
 from trainsim.errors import UserError
 from trainsim.run.ranks import rank_main
+
+Network = Callable[[int, float | None, float], AbstractContextManager[tuple[Any, str]]]
+"""``network(world, rate_mbit, delay_ms)``: a context that places ``world`` ranks on links of that rate
+and delay, as ``(popen, master address)`` (``popen`` as ``trainsim.run.ranks.launch`` takes it)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,8 +94,9 @@ class TracedRunConfig:
                             "expected delay >= 0 and a bucket size > 0")  # fmt: skip
 
 
-def traced_run(cfg: TracedRunConfig, out: str | Path) -> dict[str, Any]:
+def traced_run(cfg: TracedRunConfig, out: str | Path, *, network: Network | None = None) -> dict[str, Any]:
     """Run ``cfg`` for real and write each rank's trace into folder ``out`` (see the module docstring).
+    ``network``: where the ranks of a shaped link (``rate_mbit`` or ``delay_ms``) run.
 
     ``out`` must not hold traces already (nothing of the user's is overwritten)."""
     from trainsim.run.ranks import RankFailed, run_workers
@@ -102,7 +107,7 @@ def traced_run(cfg: TracedRunConfig, out: str | Path) -> dict[str, Any]:
         raise UserError(f"{folder}: already holds traces ({old[0].name}); expected an empty or new folder")
     folder.mkdir(parents=True, exist_ok=True)
     retried: list[str] = []
-    with _network(cfg) as (popen, master):
+    with _network(cfg, network) as (popen, master):
         for attempt in range(2):
             try:
                 ranks = run_workers(
@@ -137,25 +142,18 @@ class _WorkerConfig:
 
 
 @contextlib.contextmanager
-def _network(cfg: TracedRunConfig) -> Iterator[tuple[Any, str]]:
-    """``(popen, master address)`` for the ranks: shaped namespaces when a rate is given."""
+def _network(cfg: TracedRunConfig, network: Network | None) -> Iterator[tuple[Any, str]]:
+    """``(popen, master address)`` for the ranks: ``network``'s when a rate or a delay is given."""
     from trainsim.run.ranks import local_popen
 
     if cfg.rate_mbit is None and cfg.delay_ms == 0:
         yield local_popen, "127.0.0.1"
         return
-    from trainsim.testbed.netns import Netns, netns_unavailable
-
-    reason = netns_unavailable()
-    if reason is not None:
-        raise UserError(f"traced run: a shaped link needs network namespaces, and {reason}")
-    with Netns(cfg.world, rate_mbit=cfg.rate_mbit, delay_ms=cfg.delay_ms) as net:
-
-        def popen(rank: int, argv: list[str], **kw: Any) -> Any:
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=net.ifname, OMP_NUM_THREADS="1")
-            return net.popen(rank, argv, env=env, **kw)
-
-        yield popen, net.addr(0)
+    if network is None:
+        raise UserError("traced run: a shaped link needs a network to run the ranks in; expected network= "
+                        "(trainsim.testbed.netns.shaped_ranks)")  # fmt: skip
+    with network(cfg.world, cfg.rate_mbit, cfg.delay_ms) as placed:
+        yield placed
 
 
 # --------------------------------------------------------------------------- the worker (one per rank)

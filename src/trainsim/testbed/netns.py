@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -381,6 +381,23 @@ class Netns:
             raise RuntimeError(f"the delay line exited at start: {err.strip()}")
         for i in range(self.n):
             _sh(["ip", "-n", hub, "rule", "add", "iif", f"{self._short}h{i}", "lookup", "100", "pref", "100"])
+
+
+@contextlib.contextmanager
+def shaped_ranks(world: int, rate_mbit: float | None, delay_ms: float) -> Iterator[tuple[Any, str]]:
+    """``(popen, master address)`` for ``world`` ranks in namespaces joined by links shaped to
+    ``rate_mbit`` and ``delay_ms``, each rank's gloo on the namespace's interface with one intra-op
+    thread (``trainsim.run.traced.traced_run``'s ``network``); ``UserError`` when namespaces cannot be made."""
+    reason = netns_unavailable()
+    if reason is not None:
+        raise UserError(f"traced run: a shaped link needs network namespaces, and {reason}")
+    with Netns(world, rate_mbit=rate_mbit, delay_ms=delay_ms) as net:
+
+        def popen(rank: int, argv: list[str], **kw: Any) -> Any:
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=net.ifname, OMP_NUM_THREADS="1")
+            return net.popen(rank, argv, env=env, **kw)
+
+        yield popen, net.addr(0)
 
 
 class NetnsUnavailable(RuntimeError):

@@ -261,9 +261,12 @@ def run_pairs(
     if passes < 1:
         raise UserError(f"validate whatif: passes={passes}; expected >= 1")
     if runner is None:
-        from trainsim.run.traced import traced_run as runner_fn
+        from functools import partial
 
-        runner = runner_fn
+        from trainsim.run.traced import traced_run
+        from trainsim.testbed.netns import shaped_ranks
+
+        runner = partial(traced_run, network=shaped_ranks)
     meta = dict(meta or {})
     res = ResultFile(out, command=meta.pop("command", "run_pairs"), seed=seed, calibration=meta.pop("calibration", None),
                      **meta)  # fmt: skip
