@@ -75,8 +75,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="16384,65536,262144,1048576", help="bytes per rank, comma-separated")
     args = ap.parse_args()
     from cluster_common import command_line, stamp, write_section
+    from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns
-    from trainsim.validate.launch import launch
 
     sizes = [int(s) for s in args.sizes.split(",")]
     head = stamp(command_line())

@@ -5,7 +5,7 @@
     python benchmarks/cluster_collectives.py --link 100/5 --sched realtime   # one link, printed, not written
 
 For each link: open the 2-namespace network and run two independent calibrations
-(``trainsim.cluster.calibrate.calibrate_interleaved``: each its own processes, their launches taking
+(``trainsim.testbed.calibrate.calibrate_interleaved``: each its own processes, their launches taking
 turns): the *fit* run at the calibration grid (x2 apart), whose fitted model is reported, and the
 *check* run at the grid's ends and at the sizes halfway between its sizes (x1.41), against which the
 model's error is taken, so the figure is out-of-sample in time and, but for the two ends, in size. Writes the
@@ -55,9 +55,9 @@ def main() -> int:
             print(f"--link {', '.join(args.link)}: expected RATE/DELAY among "
                   f"{', '.join(f'{x[0]:g}/{x[1]:g}' for x in LINKS)}", file=sys.stderr)  # fmt: skip
             return 2
-    from trainsim.cluster.calibrate import FLOOR_MAX_US, ROUNDS_PER_S, calibrate_interleaved
     from trainsim.cluster.calibrate_fit import RESIDUAL_FROM_KNEE, RESIDUAL_MIN_US, STEP_LEVELS, default_sizes
-    from trainsim.cluster.calibrate_worker import ROUND_MAX_S, ROUNDS
+    from trainsim.testbed.calibrate import FLOOR_MAX_US, ROUNDS_PER_S, calibrate_interleaved
+    from trainsim.testbed.calibrate_worker import ROUND_MAX_S, ROUNDS
     from trainsim.testbed.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
@@ -174,7 +174,7 @@ def main() -> int:
               + ", ".join(f"{k} {v:.1f}%" for k, v in worst_all.items()) + "** (target: 5 %); the fitted form "
               "alone: " + ", ".join(f"{k} {v:.1f}%" for k, v in worst_form_all.items()) + ".",
               f"Wall time {time.monotonic() - t0:.0f} s. Raw: `{raw_path}` (every calibration,"
-              " `trainsim.cluster.calibrate.Calibration.to_json`)."]  # fmt: skip
+              " `trainsim.cluster.calibration.Calibration.to_json`)."]  # fmt: skip
     if args.raw:
         args.raw.write_text(json.dumps(raw, indent=1) + "\n")
     if args.no_write:

@@ -38,7 +38,7 @@ def worker(size: int, blocks: int, calls: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainsim.cluster.calibrate_host import pin, realtime
+    from trainsim.testbed.calibrate_host import pin, realtime
 
     torch.set_num_threads(1)
     pin_error, sched_error = pin(), realtime()
@@ -92,8 +92,8 @@ def main() -> int:
         worker(*args.worker)
         return 0
     from cluster_common import command_line, stamp, write_section
+    from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns, netns_unavailable
-    from trainsim.validate.launch import launch
 
     reason = netns_unavailable()
     if reason is not None:

@@ -76,7 +76,7 @@ def worker(cfg: dict[str, Any]) -> None:
 
 
 def training_ms(net: Any, method: str, steps: int) -> float:
-    from trainsim.validate.launch import launch
+    from trainsim.testbed.launch import launch
 
     wcfg = {"model": "mlp", "algorithm": "onebit", "options": {}, "scheme": "allgather", "steps": steps,
             "warmup": 2, "gather": method}  # fmt: skip
@@ -95,8 +95,8 @@ def main() -> int:
     import torch
 
     from compress_convergence import OUT_MD, write_section
+    from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns, netns_unavailable
-    from trainsim.validate.launch import launch
 
     reason = netns_unavailable()
     if reason is not None:

@@ -4,7 +4,7 @@
     realrun .venv/bin/python benchmarks/robust_agg.py --rate-mbit 0   # unshaped link
 
 1. Predictions, from generic calibrations only, written to the JSON before any run of the model: the
-   link (``trainsim.cluster.calibrate`` on 4 ranks over the same kind of link: all-reduce at powers of 4
+   link (``trainsim.testbed.calibrate`` on 4 ranks over the same kind of link: all-reduce at powers of 4
    bytes, all-gather at 16 KiB .. 4 MiB per rank), the rules' compute (``robust_cost.time_rules`` on
    random rows at powers of 4 elements), Zeno's forward passes (``trainsim.transform.opcost``'s table,
    ``robust_cost.time_calls``); ``robust_cost.predict_overhead`` per rule.
@@ -73,9 +73,10 @@ def predict(cfg: Any, net: Any, rate_mbit: float | None) -> dict[str, Any]:
     """Step 1: the predictions and the calibrations they came from."""
     import torch
 
-    from trainsim.cluster.calibrate import calibrate, default_sizes
+    from trainsim.cluster.calibrate_fit import default_sizes
     from trainsim.run.robust_cost import predict_overhead, time_calls, time_rules, zeno_us
     from trainsim.run.robust_worker import _model
+    from trainsim.testbed.calibrate import calibrate
     from trainsim.transform import opcost
 
     cal = calibrate(world=cfg.world_size, rate_mbit=rate_mbit, net=net, sizes=default_sizes(4 << 20),

@@ -149,7 +149,7 @@ def test_cli_refuses_another_machines_calibration(tmp_path: Path, capsys: pytest
 def test_worker_runs_compressed_ddp() -> None:
     """Two ranks of the worker on loopback, a drawn MLP shape: compressed steps measured, the ranks in
     sync, each rank's threads' CPU and run-queue waits reported (diagnostics only)."""
-    from trainsim.validate.launch import launch
+    from trainsim.testbed.launch import launch
 
     cfg = {"model": "mlp", "width": 512, "depth": 3, "algorithm": "onebit", "options": {}, "scheme": "allgather",
            "steps": 2, "warmup": 1}  # fmt: skip

@@ -61,7 +61,7 @@ def calibrate(
     from rich.console import Console
     from rich.table import Table
 
-    from trainsim.cluster.calibrate import calibrate as run
+    from trainsim.testbed.calibrate import calibrate as run
 
     if launch_seconds is not None and not launch_seconds > 0:
         raise UserError(f"--launch-seconds {launch_seconds}; expected > 0 seconds")
@@ -129,7 +129,7 @@ def scaleout(
 ) -> None:
     """Predict the data-parallel step time of a single-process trace on a cluster."""
     from trainsim.capture.profile import sidecar_path
-    from trainsim.cluster.calibrate import Calibration
+    from trainsim.cluster.calibration import Calibration
     from trainsim.cluster.spec import cluster, load_cluster
     from trainsim.graph.build import load_trace
     from trainsim.simulate.engine import simulate

@@ -1,4 +1,4 @@
-"""Fit the all-reduce times that ``cluster.calibrate`` measured: the form with a latency floor and a
+"""Fit the all-reduce times that ``testbed.calibrate`` measured: the form with a latency floor and a
 knee, the residual ratios that correct it, and the sizes to measure around the knee and its steps.
 
     >>> import numpy as np

@@ -5,11 +5,11 @@
     >>> cal = Calibration.from_json(json.load(open("net.json")))   # doctest: +SKIP
     >>> cal.predict_us(4 << 20), cal.link.bw_gbps                   # doctest: +SKIP
 
-Made by ``cluster.calibrate`` (``trainsim calibrate --out net.json``); read by the what-ifs, ``scaleout
+Made by ``testbed.calibrate`` (``trainsim calibrate --out net.json``); read by the what-ifs, ``scaleout
 --calibration`` and the validations, which need none of the machinery that measured it. The link's
 predictions (``predict_us``, ``p2p_line``, ``ps_lines``, ``duplex_factor``, ``allgather_us``) describe the
 emulated network; ``cpu_us``, ``slowdown``, ``lost_us`` and ``busy_post_us`` describe the test host
-(``cluster.calibrate_host``).
+(``testbed.calibrate_host``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Calibration:
     """mean time of ``dist.broadcast`` of S bytes from rank 0, per size of ``p2p_sizes_bytes``"""
     post_idle_us: list[float] = field(default_factory=list)
     """mean wall time of posting one send or one receive between pauses of every rank, per size of
-    ``p2p_sizes_bytes`` (``calibrate_host.post_pass``)"""
+    ``p2p_sizes_bytes`` (``testbed.calibrate_host.post_pass``)"""
     post_busy_us: list[float] = field(default_factory=list)
     """the same with every rank computing between its posts, as in a pipeline's steps"""
     residual_sizes_bytes: list[int] = field(default_factory=list)
@@ -194,7 +194,7 @@ class Calibration:
         measured). 1 is a full-duplex link, 2 one whose directions share one capacity. gloo on a shaped
         full-duplex link lands in between: in a share of the exchanges its "ready" message for the
         peer's send queues behind the rank's own payload (docs/cluster.md); at least
-        ``calibrate_worker.P2P_MIN_REPS`` of each, since single exchanges take either about 1x or 2x."""
+        ``testbed.calibrate_worker.P2P_MIN_REPS`` of each, since single exchanges take either about 1x or 2x."""
         pairs = [(e, o) for s, e, o in zip(self.p2p_sizes_bytes, self.p2p_exchange_us, self.p2p_oneway_us, strict=False)
                  if s >= 256 << 10 and o > 0]  # fmt: skip
         if not pairs:

@@ -13,7 +13,7 @@ gather every rank's gradient instead and combine them with a rule that a minorit
 Algorithm of ``robust_hook``, per bucket:
   1. All-gather every rank's local gradient of the bucket (fp32) into a ``world x numel`` matrix,
      one row per rank (``casync.all_gather_bytes``: on gloo every receive is posted before any send,
-     the primitive that ``trainsim.cluster.calibrate`` times as the all-gather).
+     the primitive that ``trainsim.testbed.calibrate`` times as the all-gather).
   2. When it arrives, combine the rows with the state's aggregator (``AGGREGATORS``):
      - ``mean``: the plain average (the gather's cost without any robustness; the baseline's result);
      - ``median``: coordinate-wise median, the mean of the two middle values for an even world

@@ -1,6 +1,6 @@
 """What a robust-aggregation hook adds to a data-parallel step, predicted from generic calibrations.
 
-    >>> from trainsim.cluster.calibrate import calibrate
+    >>> from trainsim.testbed.calibrate import calibrate
     >>> from trainsim.run.robust_cost import predict_overhead, time_rules
     >>> cal = calibrate(world=4, allgather_sizes=[16 << 10, 256 << 10, 1 << 20])   # doctest: +SKIP
     >>> rules = time_rules(4)                                                       # doctest: +SKIP
@@ -12,7 +12,7 @@ combines the rows on every rank. Its extra time per step, for one bucket that no
     overhead = [allgather(S) - allreduce(S)] + contention * compute(rule, world, numel)
 
 1. ``allgather(S)`` and ``allreduce(S)``: ``Calibration.allgather_us`` and ``Calibration.predict_us`` of a
-   ``trainsim.cluster.calibrate`` run on the same link and world size, at its own generic sizes;
+   ``trainsim.testbed.calibrate`` run on the same link and world size, at its own generic sizes;
 2. ``compute``: ``time_rules`` times each rule (``robust.aggregate``) on random rows at a generic grid of
    sizes (powers of 4 elements, never the model's) on this CPU with one thread, interpolated in log-log;
    Zeno's rule is priced instead from ``world + 1`` forward passes of the model on the validation batch

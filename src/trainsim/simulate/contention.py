@@ -7,7 +7,7 @@ On a GPU cluster a collective runs on the NIC and the GPU's copy engines, and th
 issue work barely notice it. On a CPU cluster (gloo over TCP) every transfer is also host CPU work:
 gloo's socket and worker threads, the kernel's TCP stack. On this project's 2-vCPU test machine a
 2-rank all-reduce of 4 MiB costs each rank about 23 ms of CPU time against 47 ms of wall time, and even
-a 1 KiB one about 0.6 ms (``trainsim.cluster.calibrate_host.cpu_pass``). Where that work overlaps
+a 1 KiB one about 0.6 ms (``trainsim.testbed.calibrate_host.cpu_pass``). Where that work overlaps
 computation, the computation runs slower.
 
 Model, both ways:

@@ -261,8 +261,8 @@ def run_config(c: RunConfig, *, steps: int, warmup: int, plan_file: str | None, 
     import contextlib
 
     from trainsim.run.ranks import run_queue_ms
+    from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns
-    from trainsim.validate.launch import launch
 
     wcfg = {"model": c.model, "width": c.width, "depth": c.depth, "algorithm": c.algorithm, "options": c.options,
             "scheme": c.scheme, "steps": steps, "warmup": warmup, "plan": plan_file}  # fmt: skip

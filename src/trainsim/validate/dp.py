@@ -223,9 +223,9 @@ def profile_model(key: tuple[str, int, int], workdir: Path, *, steps: int = 8) -
     from trainsim.graph.ir import TaskKind
     from trainsim.models.zoo import ZooSpec, build
     from trainsim.run.traced import TracedRunConfig, traced_run
+    from trainsim.testbed.launch import launch
     from trainsim.transform.dataparallel import read_params
     from trainsim.transform.primitives import scale
-    from trainsim.validate.launch import launch
 
     model, width, depth = key
     folder = workdir / f"profile-{model}-w{width}-d{depth}"
@@ -323,8 +323,8 @@ def run_config(cfg: RunConfig, *, steps: int, warmup: int, agree_rounds: bool, n
     """Run ``cfg`` for real (``dp_worker``, one gloo process per namespace on a link shaped for it, or
     on loopback when ``netns`` is False); return the median step (the slowest rank's, ms) and the run's
     diagnostics."""
+    from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns
-    from trainsim.validate.launch import launch
 
     wcfg = {"model": cfg.model, "width": cfg.width, "depth": cfg.depth, "mode": cfg.mode, "steps": steps,
             "warmup": warmup, "bucket_cap_mb": cfg.bucket_cap_mb, "slice_bytes": cfg.slice_bytes,

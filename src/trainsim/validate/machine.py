@@ -224,7 +224,7 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     """Measure the three generic workloads (about a minute)."""
     import numpy as np
 
-    from trainsim.cluster.calibrate import calibrate
+    from trainsim.testbed.calibrate import calibrate
     from trainsim.testbed.netns import netns_unavailable
 
     say = log or (lambda s: None)

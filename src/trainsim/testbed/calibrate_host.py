@@ -3,7 +3,7 @@ computation lost while every rank computes beside the transfers, the cost of pos
 receive on a busy host, and the scheduling settings (real-time class, pinned cores) that decide
 whether gloo's threads wait in a run queue.
 
-These run inside the calibration's rank processes (``cluster.calibrate_worker``), each after the link
+These run inside the calibration's rank processes (``testbed.calibrate_worker``), each after the link
 passes of the same sizes; their figures land in ``Calibration`` (``cpu_us``, ``slowdown``,
 ``lost_us``, ``busy_post_us``). They describe the machine that emulates a cluster (several ranks on one
 host's cores), not the cluster: a what-if for a GPU cluster needs none of them.

@@ -1,7 +1,7 @@
 """Start one torch.distributed (gloo) process per rank, each in its own namespace or on loopback.
 
-    >>> from trainsim.validate.launch import launch
-    >>> outs = launch(2, ["-m", "trainsim.cluster.calibrate_worker", "--worker", "1024"], net=None)  # doctest: +SKIP
+    >>> from trainsim.testbed.launch import launch
+    >>> outs = launch(2, ["-m", "trainsim.testbed.calibrate_worker", "--worker", "1024"], net=None)  # doctest: +SKIP
 
 Each rank runs ``python <args>`` with the environment torchrun would give it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), one intra-op thread (``OMP_NUM_THREADS=1``) and

@@ -1,8 +1,8 @@
-"""One rank of a calibration (started by ``cluster.calibrate``, one process per rank): times the
-collectives of the link model, then the host passes of ``cluster.calibrate_host``, and prints what it
+"""One rank of a calibration (started by ``testbed.calibrate``, one process per rank): times the
+collectives of the link model, then the host passes of ``testbed.calibrate_host``, and prints what it
 measured as one JSON line on rank 0.
 
-    $ RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m trainsim.cluster.calibrate_worker \\
+    $ RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m trainsim.testbed.calibrate_worker \\
       --worker 1024,4096 5 0.3 - - default
 
 Link passes, each size timed after a barrier, the slowest rank's time counting: all-reduces in
@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from trainsim.cluster.calibrate_host import cpu_pass, post_pass
-from trainsim.cluster.calibrate_host import pin as pin_rank
-from trainsim.cluster.calibrate_host import realtime as realtime_class
+from trainsim.testbed.calibrate_host import cpu_pass, post_pass
+from trainsim.testbed.calibrate_host import pin as pin_rank
+from trainsim.testbed.calibrate_host import realtime as realtime_class
 
 ROUNDS = 5  # the all-reduce sizes are measured in this many interleaved rounds (``_worker``)
 MAX_REPS = 2000  # sub-millisecond sizes: enough repetitions to fill the budget (0.3 s)
@@ -191,6 +191,6 @@ if __name__ == "__main__":
                 sys.argv[7].startswith("realtime"), sys.argv[7].endswith("+pin"),
                 int(sys.argv[8]) if len(sys.argv) == 9 else ROUNDS)  # fmt: skip
     else:
-        print("usage: python -m trainsim.cluster.calibrate_worker --worker SIZES REPS BUDGET_S AG_SIZES|- P2P_SIZES|- "
+        print("usage: python -m trainsim.testbed.calibrate_worker --worker SIZES REPS BUDGET_S AG_SIZES|- P2P_SIZES|- "
               "default|realtime[+pin] [ROUNDS] (started by `trainsim calibrate`)")  # fmt: skip
         sys.exit(2)

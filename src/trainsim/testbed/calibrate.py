@@ -1,11 +1,11 @@
 """Measure real gloo all-reduce times with torch.distributed and fit the alpha-beta constants.
 
-    >>> from trainsim.cluster.calibrate import calibrate
+    >>> from trainsim.testbed.calibrate import calibrate
     >>> cal = calibrate(world=2, rate_mbit=100, delay_ms=2, max_bytes=4 << 20)   # doctest: +SKIP
     >>> cal.link.bw_gbps, cal.link.latency_us                                     # doctest: +SKIP
 
 Algorithm:
-1. start ``world`` gloo processes (``trainsim.validate.launch``), each in its own network namespace
+1. start ``world`` gloo processes (``trainsim.testbed.launch``), each in its own network namespace
    joined by links shaped to ``rate_mbit``/``delay_ms`` (``trainsim.testbed.netns``), or on loopback
    when no shaping is asked for or namespaces cannot be made;
 2. for sizes from 1 KiB up to ``max_bytes`` (x4 apart) time all-reduces (each after a barrier,
@@ -41,11 +41,12 @@ compute, a post now and then waits for gloo's network thread, itself waiting for
 The returned ``Calibration`` holds the measured points, the fit and a catalog-style ``Link`` whose
 predictions are what the what-ifs and ``validate dp`` use.
 
-The modules, by what they do: this one launches the ranks and builds the record, ``cluster.calibration``
-(``Calibration``, what its readers need); ``calibrate_worker`` is one rank's process and times the link's
-collectives (steps 1-2); ``calibrate_host`` measures the test host (CPU per operation, co-running
-computation, posting on a busy host, scheduling settings); ``calibrate_fit`` fits the times (steps 3-4),
-without processes.
+The modules, by what they do: this one launches the ranks on this host and builds the record,
+``cluster.calibration`` (``Calibration``, what its readers need); ``calibrate_worker`` is one rank's
+process and times the link's collectives (steps 1-2); ``calibrate_host`` measures the test host (CPU per
+operation, co-running computation, posting on a busy host, scheduling settings); ``cluster.calibrate_fit``
+fits the times (steps 3-4), without processes. The record and the fit are the cluster model's; what
+runs processes here is the test bed's.
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ from trainsim.cluster.calibrate_fit import (
     sizes_around,
     step_sizes,
 )
-from trainsim.cluster.calibrate_worker import ROUNDS
 from trainsim.cluster.calibration import Calibration
 from trainsim.errors import UserError
+from trainsim.testbed.calibrate_worker import ROUNDS
 
 Launched = tuple[list[int], list[str]]  # a launch of some sizes: those sizes, and its ranks' outputs
 
@@ -169,8 +170,8 @@ def calibrate_interleaved(
     minutes apart: one launch of them may catch a slow stretch of the host (1 Gbit/s, 2026-11-27
     05:40: a 181 MiB check read 9.50 ms/MiB, the other large sizes 9.02-9.08). Other arguments as
     ``calibrate``."""
+    from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns, NetnsUnavailable, netns_unavailable
-    from trainsim.validate.launch import launch
 
     if world < 2:
         raise UserError(f"calibrate: world={world}; expected at least 2 processes")
@@ -202,7 +203,7 @@ def calibrate_interleaved(
         small_rounds = ROUNDS if small_budget_s is None else max(ROUNDS, round(ROUNDS_PER_S * small_budget_s))
     runs = []  # per calibration: (sizes, the first launch's arguments, the small sizes, their arguments)
     for sizes in size_sets:
-        args = ["-m", "trainsim.cluster.calibrate_worker", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
+        args = ["-m", "trainsim.testbed.calibrate_worker", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
                 ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-", mode]  # fmt: skip
         small = [x for x in sizes if x <= LAUNCH_MAX_BYTES] if launches > 1 else []
         # the further launches: one repetition per round at least (their budget sets the count): at
