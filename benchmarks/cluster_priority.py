@@ -29,8 +29,8 @@ def main() -> int:
     args = ap.parse_args()
     import tempfile
 
+    from trainsim.testbed.machine import load_machine
     from trainsim.validate.dp import RUN_MODES, RunConfig, run_validation
-    from trainsim.validate.machine import load_machine
 
     mcal, cal_path = load_machine()
     head = stamp(command_line())

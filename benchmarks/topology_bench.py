@@ -47,8 +47,8 @@ def main() -> int:
     from trainsim.cluster.topologies import calibrated_link
     from trainsim.run.ranks import local_popen
     from trainsim.run.topo_worker import PATTERNS, TopoRunConfig, predict_ms, run_topologies
+    from trainsim.testbed.machine import load_machine
     from trainsim.testbed.netns import Netns, netns_unavailable
-    from trainsim.validate.machine import load_machine
 
     rate = a.rate_mbit or None
     notes: list[str] = [

@@ -15,10 +15,10 @@ import pytest
 
 from trainsim.cli.main import main
 from trainsim.errors import UserError
+from trainsim.testbed.machine import MachineCalibration, identity, version
 from trainsim.testbed.netns import list_namespaces, netns_unavailable
 from trainsim.validate import dp
 from trainsim.validate.dp import RunConfig, draw_configs, run_validation
-from trainsim.validate.machine import MachineCalibration, identity, version
 
 
 def fake_machine(**kw: Any) -> MachineCalibration:

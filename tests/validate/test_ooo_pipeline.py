@@ -12,7 +12,7 @@ import pytest
 
 from trainsim.capture.layerprofile import LayerProfile
 from trainsim.cli.main import main
-from trainsim.validate import machine as mcal
+from trainsim.testbed import machine as mcal
 from trainsim.validate import ooo, pipeline
 from trainsim.validate.pipeline import CaseProfile, post_us_per_op
 

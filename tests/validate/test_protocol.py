@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainsim.errors import UserError
-from trainsim.validate import machine as mc
+from trainsim.testbed import machine as mc
 from trainsim.validate import protocol as pr
 
 

@@ -16,7 +16,7 @@ from trainsim.cli.main import LazyGroup
 
 # name -> "module:attribute" of a click.Command. Keep sorted; one line per subcommand.
 VALIDATE_COMMANDS: dict[str, str] = {
-    "calibrate": "trainsim.validate.machine:calibrate_command",
+    "calibrate": "trainsim.validate.calibrate:calibrate_command",
     "compress": "trainsim.validate.compress:compress_command",
     "dp": "trainsim.validate.dp:dp_command",
     "multistream": "trainsim.validate.multistream:multistream_command",

@@ -235,7 +235,7 @@ def topology_sync_us(size_bytes: float, spec: ClusterSpec, topo: Topology, ranks
 def calibrated_link(*, p2p_line: tuple[float, float], rate_mbit: float | None, efficiency: float = 1.0,
                     delay_ms: float = 0.0) -> Link:  # fmt: skip
     """A ``Link`` from a host's measured one-message cost (``p2p_line`` = ``(a_us, b_us_per_byte)``, as
-    ``trainsim.validate.machine.MachineCalibration.p2p_line``) on a link shaped to ``rate_mbit``
+    ``trainsim.testbed.machine.MachineCalibration.p2p_line``) on a link shaped to ``rate_mbit``
     (None: unshaped) that delivers ``efficiency`` of it: alpha = a + delay, 1/bandwidth = b + the wire's
     time per byte."""
     a, b = p2p_line

@@ -1,6 +1,6 @@
 """``trainsim validate compress``: compressed-DDP step times predicted before the runs, then measured.
 
-    $ trainsim validate calibrate                 # once per machine (``validate.machine``)
+    $ trainsim validate calibrate                 # once per machine (``testbed.machine``)
     $ trainsim validate compress --quick
     $ trainsim validate compress --seed 7 --json --out compress.json
     $ trainsim validate compress --rate 100 --algorithm onebit --algorithm topk
@@ -198,7 +198,7 @@ def model_link(mcal: Any, c: RunConfig) -> Any:
         bytes_per_us = c.rate_mbit * mcal.efficiency(c.rate_mbit) / 8.0
     else:
         bytes_per_us = 1.0 / max(b, 1e-6)
-    return Link(name="machine-calibration", bw_gbps=bytes_per_us / 1e3, latency_us=lat, source="validate.machine")
+    return Link(name="machine-calibration", bw_gbps=bytes_per_us / 1e3, latency_us=lat, source="testbed.machine")
 
 
 def _plan(c: RunConfig, cost: Any, link: Any, names: list[tuple[str, int]], shapes: dict[str, Any]) -> Any:

@@ -1,6 +1,6 @@
 """``trainsim validate dp``: predict data-parallel step times before running them, then measure.
 
-    $ trainsim validate calibrate                 # once per machine (``validate.machine``)
+    $ trainsim validate calibrate                 # once per machine (``testbed.machine``)
     $ trainsim validate dp --quick
     $ trainsim validate dp --seed 7 --json --out dp.json
     $ trainsim validate dp --model mlp --rate 100 --latency-us 5000 --mode ddp --mode p3
@@ -280,7 +280,7 @@ def comm_model(mcal: Any, cfg: RunConfig) -> Callable[[float], float]:
 
 def predict_ms(prof: Profile, cfg: RunConfig, mcal: Any) -> dict[str, Any]:
     """The predicted steady-state step of ``cfg`` from the one-process profile and the machine
-    calibration ``mcal`` (``validate.machine.MachineCalibration``) only:
+    calibration ``mcal`` (``testbed.machine.MachineCalibration``) only:
 
     1. the profile's CPU tasks run ``mcal.slowdown(world)`` slower (``world`` ranks on this host);
     2. the runtime's own host work (one process alone) at that speed, plus the wait for the slowest

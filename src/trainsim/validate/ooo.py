@@ -1,6 +1,6 @@
 """``trainsim validate ooo-dp``: reverse-first-k data parallelism, predicted before it is measured.
 
-    $ trainsim validate calibrate                  # once per machine (``validate.machine``)
+    $ trainsim validate calibrate                  # once per machine (``testbed.machine``)
     $ trainsim validate ooo-dp --quick
     $ trainsim validate ooo-dp --seed 7 --passes 3 --json --out ooo.json
 
@@ -10,7 +10,7 @@ The protocol of ``trainsim.validate.protocol``, per configuration ``(model, link
    ``capture.layerprofile.profile_layers``), before any real run;
 2. **predict** k = 0 (DDP order, one bucket per layer) and k (given, drawn, or the simulator's best,
    ``transform.ooo.search_k``) with ``transform.ooo.predict_dp`` from that profile and the machine
-   calibration only (``validate.machine``; ``predict_case``): every all-reduce costs
+   calibration only (``testbed.machine``; ``predict_case``): every all-reduce costs
    ``MachineCalibration.allreduce_us`` at the link's rate and latency, its host work
    (``MachineCalibration.host_us``) is taken from the rank's computation while they overlap, and the
    computation of the two ranks that share this host runs ``MachineCalibration.slowdown(2)`` slower;
@@ -45,7 +45,7 @@ from trainsim.validate.protocol import ConfigRunner, protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
-    from trainsim.validate.machine import MachineCalibration
+    from trainsim.testbed.machine import MachineCalibration
 
 RATE_RANGE_MBIT = (100.0, 1000.0)
 """drawn link rates (Mbit/s), log-uniform: the range the shaped veth links are used in"""
@@ -320,7 +320,7 @@ def ooo_dp_command(
     calibration, freeze the predictions, then measure them on shaped links."""
     from rich.console import Console
 
-    from trainsim.validate.machine import load_machine
+    from trainsim.testbed.machine import load_machine
     from trainsim.validate.protocol import check_result_path, draw_seed
 
     if passes < 1:

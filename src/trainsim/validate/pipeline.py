@@ -1,6 +1,6 @@
 """``trainsim validate pipeline``: pipeline schedules on 2 processes, predicted before they are measured.
 
-    $ trainsim validate calibrate                  # once per machine (``validate.machine``)
+    $ trainsim validate calibrate                  # once per machine (``testbed.machine``)
     $ trainsim validate pipeline --quick
     $ trainsim validate pipeline --microbatches 4 --microbatches 8 --seed 7 --json --out pipe.json
 
@@ -52,8 +52,8 @@ from trainsim.validate.protocol import ConfigRunner, protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
+    from trainsim.testbed.machine import MachineCalibration
     from trainsim.transform.pipeline import Link
-    from trainsim.validate.machine import MachineCalibration
 
 SCHEDULE_SET: tuple[tuple[str, int], ...] = (
     ("GPipe", 1),
@@ -305,7 +305,7 @@ def pipeline_command(
     machine calibration, freeze the predictions, then measure them."""
     from rich.console import Console
 
-    from trainsim.validate.machine import load_machine
+    from trainsim.testbed.machine import load_machine
     from trainsim.validate.ooo import headline, print_table
     from trainsim.validate.protocol import check_result_path, draw_seed
 

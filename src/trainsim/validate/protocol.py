@@ -5,7 +5,7 @@
     >>> doc.freeze([{"config": {...}, "predicted_ms": 41.2, "held_out": False}])       # doctest: +SKIP
     >>> interleave(doc, run_one, passes=3, log=print)                                   # doctest: +SKIP
 
-1. The machine is calibrated once, with generic workloads (``trainsim.validate.machine``); the file is
+1. The machine is calibrated once, with generic workloads (``trainsim.testbed.machine``); the file is
    named in the result.
 2. The model is profiled, one process, as a user would.
 3. ``ResultFile.freeze`` writes every prediction, with ``predictions_frozen_at``, before the first real
@@ -250,9 +250,9 @@ def open_run(name: str, *, seed: int, out: str | None, force: bool, calibration:
 
     from rich.console import Console
 
+    from trainsim.testbed.machine import load_machine
     from trainsim.testbed.netns import netns_unavailable
     from trainsim.validate import progress_log
-    from trainsim.validate.machine import load_machine
 
     path = check_result_path(out, force, f"{name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     log = progress_log(Console(stderr=True))
