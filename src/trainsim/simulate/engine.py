@@ -14,6 +14,7 @@ PRIORITY resource switches to discrete-event replay. Both loops are in ``kernels
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,3 +289,8 @@ def _union_len(s: F64, e: F64, a: float, b: float) -> float:
     idx = np.flatnonzero(new)
     ends = np.append(e[idx[1:] - 1], e[-1])
     return float((ends - s[idx]).sum())
+
+
+Replay = Callable[[TaskGraph], SimResult]
+"""``replay(graph) -> SimResult``: ``simulate`` itself, or a fixed-point loop of replays around it for
+effects beyond fixed durations (what prediction functions take as ``replay=``)."""

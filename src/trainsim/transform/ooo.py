@@ -38,6 +38,7 @@ from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskGraph, TaskKind
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
+    from trainsim.simulate.engine import Replay
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,20 +213,13 @@ def interpolated_terms(lo: HostTerms, hi: HostTerms, n: int) -> Callable[[int], 
     return at
 
 
-PerSize = Callable[[float], float]
-"""a per-message quantity as a function of its size in bytes (host CPU µs, slowdown factor)"""
-
-
-def steady_step_ms(
-    graph: TaskGraph, cpu_us: PerSize | None = None, slowdown: PerSize | None = None
-) -> float:
+def steady_step_ms(graph: TaskGraph, replay: Replay | None = None) -> float:
     """Mean step time after the first step: distance between the ends of consecutive steps.
-    ``cpu_us``: host CPU per all-reduce of S bytes, taken from overlapping compute; ``slowdown``: how
-    much longer an all-reduce of S bytes takes while the ranks compute (``trainsim.simulate.contention``)."""
-    from trainsim.simulate.contention import simulate_contended
+    ``replay``: how to replay ``graph`` (default ``simulate``; a validation passes the test host's
+    contended replay, ``trainsim.testbed.contention``)."""
     from trainsim.simulate.engine import simulate
 
-    res = simulate(graph) if cpu_us is None else simulate_contended(graph, cpu_us, slowdown)
+    res = (replay or simulate)(graph)
     return _steady_ms(graph, res.end_us)
 
 
@@ -244,29 +238,27 @@ def predict_dp(
     net: AllReduceTime,
     *,
     steps: int = 4,
-    cpu_us: PerSize | None = None,
-    slowdown: PerSize | None = None,
+    replay: Replay | None = None,
     host: HostTerms | None = None,
 ) -> float:
-    """Predicted step time (ms) of reverse-first-k data parallelism (contention: see ``steady_step_ms``;
+    """Predicted step time (ms) of reverse-first-k data parallelism (``replay``: see ``steady_step_ms``;
     ``host``: see ``dp_graph``)."""
-    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps, host=host), cpu_us, slowdown)
+    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps, host=host), replay)
 
 
 def search_k(
     prof: LayerProfile,
     batch_size: int,
     net: AllReduceTime,
-    cpu_us: PerSize | None = None,
-    slowdown: PerSize | None = None,
+    replay: Replay | None = None,
     host: HostTerms | Callable[[int], HostTerms] | None = None,
 ) -> tuple[int, dict[int, float]]:
     """The k with the smallest predicted step time (ties: the smaller k), and every k's prediction.
-    ``host``: the host's terms, the same for every k or per k (e.g. ``interpolated_terms``)."""
+    ``replay``: see ``steady_step_ms``; ``host``: the host's terms, the same for every k or per k (e.g.
+    ``interpolated_terms``)."""
     n = len(prof.table(batch_size))
     pred = {
-        k: predict_dp(prof, batch_size, k, net, cpu_us=cpu_us, slowdown=slowdown,
-                      host=host(k) if callable(host) else host)
+        k: predict_dp(prof, batch_size, k, net, replay=replay, host=host(k) if callable(host) else host)
         for k in range(n + 1)
     }  # fmt: skip
     best = min(pred, key=lambda k: (round(pred[k], 6), k))
@@ -377,13 +369,13 @@ def multistream_graph(
 def predict_multistream(prof: LayerProfile, batch_size: int, schedule_map: ScheduleMap | None) -> float:
     """Predicted step (ms). With a ``stream_corun_factor`` f in the profile (``profile_streams`` on a
     GPU), a kernel runs f times slower while the other stream's kernels run: concurrent kernels share
-    the SMs (``trainsim.simulate.contention.corun_extra_us``, iterated as the other replays there)."""
+    the SMs (``trainsim.simulate.overlap.corun_extra_us``, replayed until the schedule settles)."""
     graph = multistream_graph(prof, batch_size, schedule_map)
     factor = float(prof.by_batch[batch_size].get("stream_corun_factor", 1.0))
     if schedule_map is None or factor <= 1.0:
         return steady_step_ms(graph)
-    from trainsim.simulate.contention import corun_extra_us
     from trainsim.simulate.engine import simulate
+    from trainsim.simulate.overlap import corun_extra_us
 
     on_stream = np.array([r.kind == ResourceKind.GPU_STREAM for r in graph.resources], bool)[graph.resource]
     victims = np.flatnonzero(on_stream & (graph.dur_us > 0))

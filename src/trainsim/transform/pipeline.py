@@ -38,6 +38,7 @@ from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskGraph, TaskKind
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
+    from trainsim.simulate.engine import Replay
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,20 +488,15 @@ def predict_pipeline(
     split: Sequence[int] | None = None,
     overhead_us: float = 0.0,
     steps: int = 4,
-    slowdown: Callable[[float], float] | None = None,
-    busy_share: float | None = None,
-    corun_factor: float = 1.0,
+    replay: Replay | None = None,
     step_overhead_us: float = 0.0,
 ) -> PipePrediction:
-    """Predicted step time (ms) of ``spec`` from a single-process per-layer profile. ``slowdown``: how
-    much slower a transfer of S bytes runs while the ranks compute (a calibration's ``slowdown``; CPU
-    hosts), applied with ``trainsim.simulate.contention`` (``busy_share``: its argument of that name;
-    default ``1 / ranks``); the host CPU of sends and receives is in ``link``. ``corun_factor``: ranks
-    that share one host compute this much slower while another rank computes (measured: copies of the
-    training loop at once / alone; 1 for ranks on separate hosts). ``step_overhead_us``: the runtime's
-    own work per step and rank (``StageCosts.step_overhead_us``). ``split``: layers per stage; None:
-    the one with the shortest simulated step (``choose_split``)."""
-    from trainsim.simulate.contention import comm_slowdown_column, simulate_with_host_cpu
+    """Predicted step time (ms) of ``spec`` from a single-process per-layer profile; the host CPU of
+    sends and receives is in ``link``. ``replay``: how to replay each candidate's graph (default
+    ``simulate``; a validation on one host passes the test host's replay, in which ranks sharing its
+    cores compute slower beside each other: ``trainsim.testbed.contention``). ``step_overhead_us``: the
+    runtime's own work per step and rank (``StageCosts.step_overhead_us``). ``split``: layers per stage;
+    None: the one with the shortest simulated step (``choose_split``)."""
     from trainsim.simulate.engine import simulate
 
     if batch_size % spec.microbatches:
@@ -509,24 +505,13 @@ def predict_pipeline(
     n_layers = len(prof.layer_names)
     if step_overhead_us < 0:
         raise UserError(f"step_overhead_us {step_overhead_us}; expected >= 0")
-    if corun_factor < 1.0:
-        raise UserError(f"corun_factor {corun_factor}; expected >= 1 (co-run / alone step time)")
     rows = prof.table(micro)
 
     def run(sizes: Sequence[int]) -> tuple[list[list[int]], float, TaskGraph]:
         layers = check_split(sizes, n_layers, spec.n_stages)
         costs = replace(stage_costs(prof, layers, micro, overhead_us), step_overhead_us=step_overhead_us)
         g = pipeline_graph(spec, costs, link, steps=steps)
-        if slowdown is None and corun_factor == 1.0:
-            res = simulate(g)
-        else:
-            # the slowdown was measured with every rank computing: by default half of it while only one
-            # of 2 does (``busy_share``, see ``simulate_with_host_cpu``)
-            share = 1.0 / spec.n_ranks if busy_share is None else busy_share
-            sigma = None if slowdown is None else comm_slowdown_column(g, slowdown)
-            res = simulate_with_host_cpu(
-                g, np.zeros(g.n_tasks), comm_slowdown=sigma, busy_share=share, corun_factor=corun_factor
-            )
+        res = (replay or simulate)(g)
         ends = np.array([res.end_us[g.step == s].max() for s in range(steps)])
         step_ms = float((ends[-1] - ends[0]) / (steps - 1) / 1e3) if steps > 1 else float(ends[0] / 1e3)
         return layers, step_ms, g

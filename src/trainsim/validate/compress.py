@@ -221,7 +221,7 @@ def predict_ms(prof: Profile, c: RunConfig, mcal: Any, cost: Any, shapes: dict[s
     speed, simulated with the transfers' host CPU taken from the computation (every rank's helper
     work beside the rank that sets the step: ``concentration``)."""
     from trainsim.graph.ir import TaskKind
-    from trainsim.simulate.contention import simulate_contended
+    from trainsim.testbed.contention import simulate_contended
     from trainsim.transform.compression import CALLBACK_THREAD, CompressConfig, compression
     from trainsim.transform.dataparallel import dp_step_ms
     from trainsim.transform.primitives import scale

@@ -19,7 +19,7 @@ It follows ``trainsim.validate.protocol``:
    slices, ByteScheduler partitions) to the one-process graph, each collective timed by the machine
    calibration's model (``MachineCalibration.allreduce_us`` at the configuration's rate, latency and
    world); the computation runs ``MachineCalibration.slowdown(world)`` slower (ranks that share this
-   host share its cores); ``simulate.contention`` charges the collectives' host CPU (the loopback
+   host share its cores); ``testbed.contention`` charges the collectives' host CPU (the loopback
    all-reduce's host cost) to the computation they overlap;
 4. **measure**: real training, one gloo process per network namespace on links shaped with tc
    (``testbed.netns``; unshaped loopback without the rights, said once), ``--passes`` passes over
@@ -292,7 +292,7 @@ def predict_ms(prof: Profile, cfg: RunConfig, mcal: Any) -> dict[str, Any]:
 
     Returns ``predicted_ms`` and the parts it was made of."""
     from trainsim.graph.ir import TaskKind
-    from trainsim.simulate.contention import simulate_contended
+    from trainsim.testbed.contention import simulate_contended
     from trainsim.transform.dataparallel import BACKEND_LANES, DPConfig, data_parallel, dp_step_ms
     from trainsim.transform.primitives import scale
 

@@ -147,15 +147,19 @@ def predict_case(case: OooCase, prof: LayerProfile, mc: MachineCalibration) -> l
     """The frozen rows of ``case``: k = 0 and the case's k (the simulator's best when None; one row when
     that is 0), each ``{"k", "predicted_ms"}`` plus the model's terms. Reads nothing but the profile,
     the machine calibration and the case (module docstring, step 2)."""
+    from functools import partial
+
+    from trainsim.testbed.contention import simulate_contended
     from trainsim.transform.ooo import HostTerms, predict_dp, search_k
 
     def comm(size: float) -> float:
         return mc.allreduce_us(size, world=RANKS, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms)
 
     host = HostTerms(factor=mc.slowdown(RANKS))
+    replay = partial(simulate_contended, cpu_us=mc.host_us)  # the all-reduces' host CPU, taken from compute
     bs = case.batch_size
     if case.k is None:
-        k, _ = search_k(prof, bs, comm, mc.host_us, None, host)
+        k, _ = search_k(prof, bs, comm, replay, host)
     else:
         from trainsim.run.ooo_dp import check_k
 
@@ -163,7 +167,7 @@ def predict_case(case: OooCase, prof: LayerProfile, mc: MachineCalibration) -> l
         k = case.k
     terms = {"corun_slowdown": round(host.factor, 4), "host_a_us": mc.host_a_us, "link_efficiency": mc.link_efficiency}
     return [
-        {"k": kk, "predicted_ms": round(predict_dp(prof, bs, kk, comm, cpu_us=mc.host_us, host=host), 3),
+        {"k": kk, "predicted_ms": round(predict_dp(prof, bs, kk, comm, replay=replay, host=host), 3),
          "k_chosen_by": "given" if case.k is not None else "search", "model_terms": terms}
         for kk in sorted({0, k})
     ]  # fmt: skip

@@ -52,6 +52,8 @@ from trainsim.validate.protocol import ConfigRunner, protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
+    from trainsim.graph.ir import TaskGraph
+    from trainsim.simulate.engine import SimResult
     from trainsim.testbed.machine import MachineCalibration
     from trainsim.transform.pipeline import Link
 
@@ -164,13 +166,20 @@ def profile_case(case: PipeCase) -> CaseProfile:
 def predict_config(case: PipeCase, cp: CaseProfile, mc: MachineCalibration, name: str, spr: int, m: int) -> dict[str, Any]:
     """The frozen prediction of one configuration: ``predicted_ms``, the planned ``split`` and the
     model's terms. Reads nothing but the profile, the machine calibration and the case."""
+    import numpy as np
+
+    from trainsim.testbed.contention import simulate_with_host_cpu
     from trainsim.transform.pipeline import PipeSpec, predict_pipeline
 
     link = pipe_link(mc, case.rate_mbit, case.delay_ms)
     corun = max(1.0, mc.slowdown(RANKS))
     spec = PipeSpec(schedule=name, stages_per_rank=spr, microbatches=m)
+
+    def replay(g: TaskGraph) -> SimResult:  # ranks sharing this host's cores compute slower beside each other
+        return simulate_with_host_cpu(g, np.zeros(g.n_tasks), corun_factor=corun)
+
     pred = predict_pipeline(cp.prof, spec, batch_size=case.batch_size, link=link, overhead_us=cp.action_overhead_us[m],
-                            corun_factor=corun)  # fmt: skip
+                            replay=replay)  # fmt: skip
     return {"predicted_ms": round(pred.step_ms, 3), "split": [len(s) for s in pred.split],
             "model_terms": {"action_overhead_us": round(cp.action_overhead_us[m], 1), "corun_slowdown": round(corun, 4),
                             "link": {"bw_gbps": round(link.bw_gbps, 4), "latency_us": link.latency_us,

@@ -1,4 +1,5 @@
-"""Host CPU taken by communication from the compute it overlaps (simulate.contention)."""
+"""The test host's replay: host CPU taken by communication from the compute it overlaps, co-located
+ranks slowing each other (testbed.contention)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,13 @@ import numpy as np
 import pytest
 
 from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskKind
-from trainsim.simulate.contention import (
+from trainsim.simulate.engine import simulate
+from trainsim.testbed.contention import (
     comm_cpu_column,
     comm_slowdown_column,
-    overlap_us,
     simulate_with_host_cpu,
     stretched_us,
 )
-from trainsim.simulate.engine import simulate
-
-
-def test_overlap_is_the_integral_of_the_load() -> None:
-    # transfers: [0, 10) using half a core, [5, 15) using half a core -> load 0.5, 1.0, 0.5
-    start = np.array([0.0, 5.0, 0.0, 12.0, 20.0])
-    end = np.array([10.0, 15.0, 20.0, 14.0, 30.0])
-    out = overlap_us(start, end, np.array([0, 1]), np.array([0.5, 0.5]), np.array([2, 3, 4]))
-    assert out[2] == pytest.approx(0.5 * 5 + 1.0 * 5 + 0.5 * 5)  # all of it
-    assert out[3] == pytest.approx(0.5 * 2)  # [12, 14): only the second transfer
-    assert out[4] == 0.0  # after every transfer
-    assert out[0] == out[1] == 0.0  # sources are not destinations
-    capped = overlap_us(start, end, np.array([0, 1]), np.array([0.5, 0.5]), np.array([2]), cap=0.5)
-    assert capped[2] == pytest.approx(0.5 * 15)
 
 
 def test_stretch_solves_the_processor_sharing_fixed_point() -> None:
@@ -113,16 +100,6 @@ def test_ranks_computing_at_once_slow_each_other_by_the_corun_factor() -> None:
     # a and c overlap fully: x = 100 + x (1 - 1/1.5) -> 150; a2 overlaps nothing that computes after 150
     assert res.end_us[0] == pytest.approx(150.0, rel=1e-3) and res.end_us[2] == pytest.approx(150.0, rel=1e-3)
     assert res.end_us[1] - res.start_us[1] == pytest.approx(100.0, rel=1e-3)
-
-
-def test_corun_extra_is_zero_on_one_thread_or_without_a_factor() -> None:
-    from trainsim.simulate.contention import corun_extra_us
-
-    start, end, res = np.array([0.0, 50.0]), np.array([100.0, 150.0]), np.array([0, 0])
-    assert not corun_extra_us(start, end, res, np.array([0, 1]), 2.0).any()  # one rank never slows itself
-    assert not corun_extra_us(start, end, np.array([0, 1]), np.array([0, 1]), 1.0).any()
-    # on two threads, 50 us of overlap each at factor 2: 25 us more each
-    assert corun_extra_us(start, end, np.array([0, 1]), np.array([0, 1]), 2.0) == pytest.approx([25.0, 25.0])
 
 
 def test_helper_thread_work_delays_the_compute_it_overlaps() -> None:

@@ -1,7 +1,12 @@
-"""Communication that also needs the host CPU: replay with the compute it slows down.
+"""Ranks that share this host's cores: a replay in which communication takes host CPU from the compute
+it overlaps, and co-located ranks slow each other down.
 
-    >>> from trainsim.simulate.contention import simulate_with_host_cpu
+    >>> from trainsim.testbed.contention import simulate_with_host_cpu
     >>> res = simulate_with_host_cpu(graph, comm_cpu_us)     # doctest: +SKIP
+
+The validations hand such a replay to the prediction functions that take one (``replay=`` of
+``transform.ooo.predict_dp`` and ``transform.pipeline.predict_pipeline``); a what-if for a GPU cluster
+replays with plain ``simulate``.
 
 On a GPU cluster a collective runs on the NIC and the GPU's copy engines, and the host threads that
 issue work barely notice it. On a CPU cluster (gloo over TCP) every transfer is also host CPU work:
@@ -24,7 +29,7 @@ Model, both ways:
 
 * *ranks slow each other's computation* (graphs of several ranks on one host): a compute task runs
   ``f`` times slower while another rank's CPU thread computes, ``f`` being the measured co-run factor
-  (copies of the training loop at once / alone): ``corun_extra_us``.
+  (copies of the training loop at once / alone): ``simulate.overlap.corun_extra_us``.
 * *the slowest rank absorbs the others' threads* (a graph of one rank standing for ranks that share
   a host's cores): a rank's extra threads (gloo's, a hook's callback thread) and the kernel's network
   work do not stay beside their own rank's compute thread; they run on whichever core is free of the
@@ -44,28 +49,7 @@ import numpy as np
 
 from trainsim.graph.ir import F64, ResourceKind, TaskGraph, TaskKind
 from trainsim.simulate.engine import SimResult, simulate
-
-
-def _load_integral(start: F64, end: F64, src: np.ndarray, weight: F64, cap: float) -> tuple[F64, F64]:
-    """Knots ``(t, F)`` of ``F(t) = integral of min(cap, sum of weight over the sources running)``."""
-    t = np.concatenate((start[src], end[src]))
-    dl = np.concatenate((weight, -weight))
-    order = np.argsort(t, kind="stable")
-    t, dl = t[order], dl[order]
-    load = np.minimum(cap, np.maximum(0.0, np.cumsum(dl)))  # load on [t[j], t[j+1])
-    return t, np.concatenate(([0.0], np.cumsum(load[:-1] * np.diff(t))))
-
-
-def overlap_us(start: F64, end: F64, src: np.ndarray, weight: F64, dst: np.ndarray, cap: float = 1.0) -> F64:
-    """For each task in ``dst``: the integral over its span of ``min(cap, sum of weight over the tasks
-    of ``src`` running at that time)``; 0 for the other tasks."""
-    out = np.zeros(start.shape[0])
-    if not src.size or not dst.size:
-        return out
-    t, cum = _load_integral(start, end, src, weight, cap)
-    out[dst] = np.interp(end[dst], t, cum) - np.interp(start[dst], t, cum)
-    return out
-
+from trainsim.simulate.overlap import corun_extra_us, load_integral, overlap_us
 
 MAX_STOLEN_SHARE = 0.5
 """A CPU-bound compute thread keeps at least half of its core against the transfers' threads (the
@@ -83,7 +67,7 @@ def stretched_us(
     out = base.copy()
     if not share.size or not victims.size:
         return out
-    t, cum = _load_integral(comm_start, comm_end, np.arange(share.size), share, cap)
+    t, cum = load_integral(comm_start, comm_end, np.arange(share.size), share, cap)
     s = start[victims]
     fs = np.interp(s, t, cum)
     x = base[victims].copy()
@@ -124,24 +108,6 @@ def simulate_contended(
     sigma = None if slowdown is None else comm_slowdown_column(g, slowdown)
     return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma, helper_threads=helper_threads,
                                   concentration=concentration)  # fmt: skip
-
-
-def corun_extra_us(start: F64, end: F64, resource: np.ndarray, victims: np.ndarray, factor: float) -> F64:
-    """Per task: the time that running beside other ranks' computation adds to the ``victims``.
-
-    Ranks that share a host slow each other's computation (shared caches, memory bandwidth, SMT
-    siblings): measured as ``factor`` = step time of copies running at once / alone. A task that needs
-    ``b`` progresses at ``1 / factor`` of its speed while a victim on another CPU thread runs, so over
-    an overlap ``O`` of its span with that work it lasts ``b + O (1 - 1 / factor)``; ``O`` comes from the
-    spans given (the caller iterates, as the other replays here do)."""
-    out = np.zeros(start.shape[0])
-    if factor <= 1.0 or not victims.size:
-        return out
-    for r in np.unique(resource[victims]):
-        mine = victims[resource[victims] == r]
-        others = victims[resource[victims] != r]
-        out += overlap_us(start, end, others, np.ones(others.size), mine, cap=1.0)
-    return out * (1.0 - 1.0 / factor)
 
 
 def simulate_with_host_cpu(
