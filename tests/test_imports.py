@@ -41,3 +41,11 @@ def test_the_checker_sees_a_cycle() -> None:
     except graphlib.CycleError:
         return
     raise AssertionError("graphlib missed a two-module cycle")
+
+
+def test_only_validate_and_the_calibrate_command_use_the_test_bed() -> None:
+    """What-ifs, replay and the planner never import ``trainsim.testbed`` (docs/architecture.md); the
+    validations do, and ``trainsim calibrate``, which measures links on this host."""
+    allowed = ("trainsim.testbed", "trainsim.validate", "trainsim.cli.cluster")
+    users = {m for m, deps in _module_graph().items() if any(d.startswith("trainsim.testbed") for d in deps)}
+    assert users and not {m for m in users if not m.startswith(allowed)}, sorted(users)
