@@ -29,7 +29,7 @@ _PLAN_MODEL_FLAGS = {
     "--shared-experts", "--top-k", "--vocab", "--explain",
 }  # fmt: skip
 EXPECTED_ESTIMATE_FLAGS = _PLAN_MODEL_FLAGS | {
-    "--comm-overlap", "--cp", "--cp-mode", "--ep", "--micro-batch", "--precision", "--no-reshard-after-forward",
+    "--attn-kernel", "--comm-overlap", "--kernels", "--cp", "--cp-mode", "--ep", "--micro-batch", "--precision", "--no-reshard-after-forward",
     "--placement", "--pp", "--recompute", "--reshard-after-forward", "--schedule", "--sequence-parallel", "--shard-group", "--tp", "--virtual-stages", "--zero",
 }  # fmt: skip
 EXPECTED_PLAN_FLAGS = _PLAN_MODEL_FLAGS | {
@@ -47,8 +47,8 @@ EVERY_COMMAND_FLAGS: dict[str, set[str]] = {
     "compress-bench": {"--algorithms", "--json", "--no-baselines", "--repeats", "--sizes"},
     "demo": {"--model", "--out-dir"},
     "estimate": {
-        "--arch", "--attn-flops", "--capacity-factor", "--cluster", "--comm-overlap", "--cp", "--cp-mode",
-        "--dense-layers", "--ep", "--experts", "--explain", "--ffn-hidden", "--flash-attention",
+        "--arch", "--attn-flops", "--attn-kernel", "--capacity-factor", "--cluster", "--comm-overlap", "--cp", "--cp-mode",
+        "--dense-layers", "--ep", "--experts", "--explain", "--ffn-hidden", "--flash-attention", "--kernels",
         "--global-batch", "--gpu", "--gpu-group", "--gpus", "--gpus-per-node", "--heads", "--hidden", "--json",
         "--kv-heads", "--layers", "--micro-batch", "--model", "--moe-ffn-hidden", "--nic-gbps", "--nvlink-gbps",
         "--placement", "--pp", "--precision", "--recompute", "--reshard-after-forward", "--schedule", "--seq",

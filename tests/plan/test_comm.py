@@ -66,8 +66,8 @@ def test_ring_attention_steps() -> None:
     assert hidden.steps == 3 and float(hidden.fwd) == 0.0 and float(hidden.bwd) == 0.0
     assert float(hidden.busy) == pytest.approx(3 * (send + (2e8 / 45e9 + 10e-6)))
     short = ring_attention_s(1e8, 0.001, 4, 50.0, EFF, on_nvlink=False)  # 0.25 ms of attention per step
-    assert float(short.fwd) == pytest.approx(3 * (send - 0.85 * 0.00025))
-    assert float(short.bwd) == pytest.approx(3 * (2e8 / 45e9 + 10e-6 - 0.85 * 0.00025 * 2.5))
+    assert float(short.fwd) == pytest.approx(3 * (send - EFF.overlap * 0.00025))
+    assert float(short.bwd) == pytest.approx(3 * (2e8 / 45e9 + 10e-6 - EFF.overlap * 0.00025 * 2.5))
     ag = allgather_attention_s(1e8, 4, 50.0, EFF, on_nvlink=False)  # gathers 3 chunks, exposed both ways
     assert float(ag.fwd) == float(ag.bwd) == pytest.approx(3e8 / 45e9 + (10 * 0.5 * 3 + 3) * 1e-6)
 

@@ -177,3 +177,35 @@ def test_wide_heads_count_their_own_width() -> None:
     # q and o projections are 2048 x 4096 (32 heads of 128), k and v 2048 x 512
     assert m._attn_norm_params() == 2048 * (4096 + 2 * 512) + 4096 * 2048 + 2 * 2048
     assert m.core_flops(1) == 4.0 * 4096 * 4096 * 4096
+
+
+def test_attention_kernel_matters_at_long_context() -> None:
+    """FlashAttention-2 on H100 (torch SDPA's default there) against the Hopper kernel: the step at 64k
+    context, where attention is most of the work, is much slower; at 2k it barely moves."""
+    cl = homogeneous("h100", 8)
+
+    def step(seq: int, kernel: str) -> float:
+        m = replace(preset("llama3-8b"), seq=seq)
+        s = Strategy(dp=8, zero=3, recompute=Recompute.FULL, attn_kernel=kernel)
+        return estimate(m, s, cl, global_batch=8).step_s
+
+    long_ratio = step(65536, "fa2") / step(65536, "fa3")
+    short_ratio = step(2048, "fa2") / step(2048, "fa3")
+    assert 1.3 < long_ratio < 0.638 / 0.333
+    assert 1.0 < short_ratio < 1.1
+    with pytest.raises(UserError, match="--attn-kernel 'fa9'"):
+        Strategy(attn_kernel="fa9")
+
+
+def test_eager_kernels_slow_a_llama_step() -> None:
+    """--kernels eager (no torch.compile) costs a Llama step its extra memory passes; GPT barely moves."""
+    cl = homogeneous("h100", 8)
+    s = Strategy(dp=8, zero=3, recompute=Recompute.SELECTIVE)
+    llama = preset("llama3-8b")
+    fused, eager = (estimate(llama, replace(s, kernels=k), cl, global_batch=16).step_s for k in ("fused", "eager"))
+    assert 1.03 < eager / fused < 1.3
+    gpt = replace(preset("gpt3-1.3b"), flash_attention=True)
+    g_fused, g_eager = (estimate(gpt, replace(s, kernels=k), cl, global_batch=16).step_s for k in ("fused", "eager"))
+    assert g_eager == g_fused
+    with pytest.raises(UserError, match="--kernels 'jit'"):
+        Strategy(kernels="jit")

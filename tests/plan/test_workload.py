@@ -145,3 +145,19 @@ def test_long_context_activations_with_and_without_recomputation() -> None:
     assert blk.act_bytes[Recompute.NONE] < 40 * tok * 4096 / 8 * 2
     with pytest.raises(UserError, match="--cp 3 does not divide the sequence length 131072"):
         m.layer_costs(mb=1, tp=8, sp=True, cp=3)
+
+
+def test_eager_elementwise_bytes() -> None:
+    """Eager Llama blocks move the bytes of PyTorch's reference RMSNorm, RoPE and SwiGLU step by step; fused
+    ones one pass each. GEMMs and attention are the same either way, and GPT blocks do not change."""
+    m = replace(preset("llama3-8b"), seq=4096)
+    tok, h, hd, fn = 4096, 4096, 128, m.ffn
+    fused = {o.name: o for o in m.layer_costs(mb=1, tp=1, sp=False, cp=1)[1].ops}
+    eager = {o.name: o for o in m.layer_costs(mb=1, tp=1, sp=False, cp=1, eager=True)[1].ops}
+    assert fused["norm1"].bytes == 4 * tok * h and eager["norm1"].bytes == 36 * tok * h
+    assert fused["rope"].bytes == 4 * tok * (32 + 8) * hd and eager["rope"].bytes == 20 * tok * (32 + 8) * hd
+    assert fused["act"].bytes == 6 * tok * fn and eager["act"].bytes == 10 * tok * fn
+    for name in ("qkv", "flash_attn", "proj", "fc1", "fc2", "residual1"):
+        assert fused[name] == eager[name]
+    gpt = preset("gpt3-1.3b")
+    assert gpt.layer_costs(mb=1, tp=1, sp=False, cp=1) == gpt.layer_costs(mb=1, tp=1, sp=False, cp=1, eager=True)

@@ -144,6 +144,12 @@ def build_cluster(kw: dict[str, Any]) -> Any:
 @click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
               help="fp8: linear layers on FP8 tensor cores (Hopper), a what-if with its own efficiency.")
 @click.option("--comm-overlap", is_flag=True, help="TP collectives and pipeline sends overlapped with GEMMs (Megatron-Core/NeMo).")
+@click.option("--attn-kernel", type=click.Choice(["auto", "fa2", "fa3"]), default="auto", show_default=True,
+              help="Fused attention kernel: fa2 (FlashAttention-2, torch SDPA), fa3 (FlashAttention-3 or cuDNN, "
+                   "Hopper); auto = the best the GPU has.")
+@click.option("--kernels", type=click.Choice(["fused", "eager"]), default="fused", show_default=True,
+              help="Elementwise kernels: fused (Megatron-LM, Transformer Engine, torch.compile) or eager (PyTorch's "
+                   "reference modules step by step, FP8 casts apart): the what-if of torch.compile.")
 @click.option("--explain", is_flag=True, help="Print each time term with its inputs (bytes, links, FLOPs, efficiency).")
 @JSON_OPT
 def estimate_cmd(as_json: bool, explain: bool, **kw: Any) -> None:
@@ -165,7 +171,8 @@ def estimate_cmd(as_json: bool, explain: bool, **kw: Any) -> None:
         virtual_stages=v or 1, recompute=Recompute[kw["recompute"].upper()],
         sequence_parallel=kw["sequence_parallel"], zero=kw["zero"], placement=kw["placement"], ep=kw["ep"],
         reshard_after_forward=kw["reshard_after_forward"], shard_group=kw["shard_group"], cp_mode=kw["cp_mode"],
-        precision=kw["precision"], comm_overlap=kw["comm_overlap"],
+        precision=kw["precision"], comm_overlap=kw["comm_overlap"], attn_kernel=kw["attn_kernel"],
+        kernels=kw["kernels"],
     )
     gb = kw["global_batch"]
     stages = None

@@ -61,6 +61,9 @@ class Gpu:
 # [H800] DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024) §3.1-3.2: H800 nodes of 8 GPUs, NVLink/NVSwitch
 #        inside (400 GB/s total on the datasheet, 200 per direction; the report measures ~160 GB/s), 400 Gb/s
 #        InfiniBand per GPU (50 GB/s); Hopper compute as H100 SXM.
+# [H100-96GB] pytorch/torchtitan@eaea6f6:docs/performance.md (Meta Grand Teton hosts): H100 with 96 GB HBM2e at
+#        2.4 TB/s, 500 W power limit, NVLink within the host, 400 Gb/s RDMA per GPU (50 GB/s); its peak is "between
+#        SXM and NVL" (989 and 835 TF dense BF16, NVIDIA H100 datasheet), not stated: the midpoint, 912, is assumed.
 # [2080Ti] NVIDIA Turing architecture whitepaper (2018), Appendix A Table 1, GeForce RTX 2080 Ti:
 #        FP16 tensor TFLOPS with FP32 accumulate 53.8 (107.6 with FP16 accumulate), 616 GB/s GDDR6,
 #        11 GB; no NVSwitch: PCIe 3.0 x16 = 15.75 GB/s per direction (PCI-SIG), 8 per node assumed;
@@ -73,6 +76,8 @@ _CATALOG: dict[str, Gpu] = {
         Gpu(name="a100-40gb", peak_tflops=312.0, hbm_gbps=1555.0, mem_gib=40.0, nvlink_gbps=300.0, nic_gbps=25.0),
         Gpu(name="a100-80gb", peak_tflops=312.0, hbm_gbps=2039.0, mem_gib=80.0, nvlink_gbps=300.0, nic_gbps=25.0),
         Gpu(name="h100", peak_tflops=989.0, hbm_gbps=3350.0, mem_gib=80.0, nvlink_gbps=450.0, nic_gbps=50.0, fp8_tflops=1979.0),
+        Gpu(name="h100-96gb", peak_tflops=912.0, hbm_gbps=2400.0, mem_gib=96.0, nvlink_gbps=450.0, nic_gbps=50.0,
+            fp8_tflops=1824.0),
         Gpu(name="h800", peak_tflops=989.0, hbm_gbps=3350.0, mem_gib=80.0, nvlink_gbps=200.0, nic_gbps=50.0, fp8_tflops=1979.0),
         Gpu(name="h200", peak_tflops=989.0, hbm_gbps=4800.0, mem_gib=141.0, nvlink_gbps=450.0, nic_gbps=50.0, fp8_tflops=1979.0),
         Gpu(name="rtx2080ti", peak_tflops=53.8, hbm_gbps=616.0, mem_gib=11.0, nvlink_gbps=15.75, nic_gbps=0.156),

@@ -61,6 +61,7 @@ from trainsim.plan.comm import (
 from trainsim.plan.devices import Cluster, Gpu, NodeGroup
 from trainsim.plan.memory import GIB, GRAD_BYTES, Memory, shared_params
 from trainsim.plan.optime import (
+    ATTN_KERNELS,
     DEFAULT_EFFICIENCY,
     Efficiency,
     layer_time,
@@ -73,6 +74,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 PLACEMENTS = ("tp-cp-dp-pp", "tp-cp-pp-dp")
 CP_MODES = ("ring", "allgather")
 PRECISIONS = ("bf16", "fp8")
+KERNEL_MODES = ("fused", "eager")
 OPTIM_TRAFFIC_BYTES = 32  # Adam step: read grad, master, m, v; write master, m, v, 16-bit weight; + clip/unscale
 
 
@@ -108,6 +110,11 @@ class Strategy:
     """ring (K/V passed around, overlapped with attention) | allgather (K/V gathered up front, exposed)"""
     precision: str = "bf16"
     """bf16 | fp8 (linear layers on FP8 tensor cores, a what-if with its own efficiency; Hopper only)"""
+    kernels: str = "fused"
+    """fused (one kernel per norm, activation, rotary embedding; FP8 casts fused into them: Megatron-LM,
+    Transformer Engine, torch.compile) | eager (PyTorch's reference modules step by step; FP8 casts apart)"""
+    attn_kernel: str = "auto"
+    """fused attention kernel: auto (fa3 on Hopper, else fa2) | fa2 | fa3 (FlashAttention-3 or cuDNN; Hopper)"""
     comm_overlap: bool = False
     """TP collectives and pipeline sends overlapped with GEMMs (Megatron-Core / NeMo ``tp_comm_overlap`` and
     ``overlap_p2p_comm``); off reproduces Megatron-LM 2021, which blocked on them"""
@@ -129,6 +136,10 @@ class Strategy:
             object.__setattr__(self, "sequence_parallel", False)
         if self.precision not in PRECISIONS:
             raise UserError(f"--precision {self.precision!r}; expected one of {', '.join(PRECISIONS)}")
+        if self.kernels not in KERNEL_MODES:
+            raise UserError(f"--kernels {self.kernels!r}; expected one of {', '.join(KERNEL_MODES)}")
+        if self.attn_kernel not in ATTN_KERNELS:
+            raise UserError(f"--attn-kernel {self.attn_kernel!r}; expected one of {', '.join(ATTN_KERNELS)}")
         if self.cp_mode not in CP_MODES:
             raise UserError(f"--cp-mode {self.cp_mode!r}; expected one of {', '.join(CP_MODES)}")
         if self.shard_group < 0:
@@ -171,6 +182,8 @@ class Strategy:
             + (f" ep{self.ep}" if self.ep > 1 else "")
             + f" mb{self.micro_batch} {self.schedule}{v} rc={self.recompute.name.lower()} {z}"
             + (" fp8" if self.precision == "fp8" else "")
+            + ("" if self.attn_kernel == "auto" else f" {self.attn_kernel}")
+            + (" eager" if self.kernels == "eager" else "")
             + (" overlap" if self.comm_overlap else "")
             + ("" if self.placement == PLACEMENTS[0] else f" {self.placement}")
         )
@@ -266,12 +279,13 @@ class UnitTable:
 
 @functools.lru_cache(maxsize=8192)
 def unit_table(
-    model: Model, mb: int, tp: int, sp: bool, cp: int, gpu: Gpu, eff: Efficiency, ep: int = 1, fp8: bool = False
+    model: Model, mb: int, tp: int, sp: bool, cp: int, gpu: Gpu, eff: Efficiency, ep: int = 1, fp8: bool = False,
+    attn: str = "auto", eager: bool = False,
 ) -> UnitTable:
     if fp8 and not gpu.fp8_tflops:
         raise UserError(f"--precision fp8: {gpu.name} has no FP8 tensor cores (Hopper: h100, h800, h200)")
-    costs = model.layer_costs(mb=mb, tp=tp, sp=sp, cp=cp, ep=ep)
-    times = [layer_time(c, gpu, eff, fp8) for c in costs]
+    costs = model.layer_costs(mb=mb, tp=tp, sp=sp, cp=cp, ep=ep, eager=eager)
+    times = [layer_time(c, gpu, eff, fp8, attn, eager) for c in costs]
     is_block = np.array([c.act_bytes[2] < c.act_bytes[0] for c in costs])
     flash = isinstance(model, Transformer) and model.flash_attention
     return UnitTable(
@@ -441,7 +455,8 @@ def estimate(
     for i in range(pp):
         gi = st.groups[i]
         grp = cluster.groups[gi]
-        tab = unit_table(model, s.micro_batch, s.tp, s.sequence_parallel, s.cp, grp.gpu, eff, s.ep, s.precision == "fp8")
+        tab = unit_table(model, s.micro_batch, s.tp, s.sequence_parallel, s.cp, grp.gpu, eff, s.ep, s.precision == "fp8",
+                         s.attn_kernel, s.kernels == "eager")
         a, b = st.bounds[i], st.bounds[i + 1]
         u = stage_sums(tab, a, b)
         prev = (st.groups[i - 1], float(tab.out_bytes[a - 1])) if i > 0 else None

@@ -320,19 +320,23 @@ class Transformer:
         return 3.0 * (dense + moe + self.head_flops())
 
     # ---------------------------------------------------------------- per-GPU costs
-    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int, ep: int = 1) -> tuple[LayerCost, ...]:
-        return _transformer_costs(self, mb, tp, sp, cp, ep)
+    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int, ep: int = 1, eager: bool = False) -> tuple[LayerCost, ...]:
+        """``eager``: PyTorch's reference modules run step by step (see ``_block_cost``); default: fused
+        elementwise kernels (Megatron-LM, Transformer Engine, torch.compile)."""
+        return _transformer_costs(self, mb, tp, sp, cp, ep, eager)
 
 
 @functools.lru_cache(maxsize=4096)
-def _transformer_costs(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int = 1) -> tuple[LayerCost, ...]:
+def _transformer_costs(
+    m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int = 1, eager: bool = False
+) -> tuple[LayerCost, ...]:
     m.check_tp(tp)
     m.check_ep(ep)
     if m.seq % cp:
         raise UserError(f"--cp {cp} does not divide the sequence length {m.seq}")
-    blocks = [_block_cost(m, mb, tp, sp, cp, ep, moe=False)] * (m.layers - m.moe_layers)
+    blocks = [_block_cost(m, mb, tp, sp, cp, ep, moe=False, eager=eager)] * (m.layers - m.moe_layers)
     if m.moe_layers:
-        blocks += [_block_cost(m, mb, tp, sp, cp, ep, moe=True)] * m.moe_layers
+        blocks += [_block_cost(m, mb, tp, sp, cp, ep, moe=True, eager=eager)] * m.moe_layers
     b, s, h = mb, m.seq, m.hidden
     tok = b * (s // cp)
     spd = tp if sp else 1
@@ -375,8 +379,19 @@ def _transformer_costs(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: 
     return (emb, *blocks, head)
 
 
-def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *, moe: bool) -> LayerCost:
-    """One transformer block on one GPU for one micro-batch (``moe``: routed experts replace the MLP)."""
+# Bytes per element moved by the elementwise parts of a Llama block when PyTorch runs its reference modules
+# one kernel at a time ("eager"), against one fused kernel each (read the 16-bit input, write the output):
+#   RMSNorm  x.float() r2 w4, pow r4 w4, mean r4, x * rsqrt r4 w4, type_as r4 w2, * weight r2 w2 = 36 (fused 4)
+#   RoPE     per q/k element: float() r2 w4, complex multiply r4 w4, type_as r4 w2 = 20 (fused 4)
+#   SwiGLU   silu r2 w2, multiply r2 r2 w2 = 10 per element of the MLP width (fused 6)
+# GPT's LayerNorm and GELU are single kernels either way (F.layer_norm, F.gelu).
+EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, EAGER_SWIGLU_BYTES = 36, 20, 10
+FUSED_ROPE_BYTES = 4
+
+
+def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *, moe: bool, eager: bool = False) -> LayerCost:
+    """One transformer block on one GPU for one micro-batch (``moe``: routed experts replace the MLP;
+    ``eager``: the elementwise parts run as PyTorch's reference modules do, ``EAGER_*_BYTES``)."""
     b, s, h, a, f = mb, m.seq, m.hidden, m.heads, m.ffn
     sl = s // cp
     tok = b * sl  # tokens on this GPU
@@ -389,10 +404,15 @@ def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *,
     spd = tp if sp else 1  # divisor of sequence-parallel regions
     B = ACT_BYTES
     drop = 1 if m.dropout else 0
+    llama_eager = eager and m.arch == "llama"
+    norm_bytes = (EAGER_RMSNORM_BYTES if llama_eager else 2 * B) * tok * h / spd
     ops: list[Op] = [
-        Op("norm1", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
+        Op("norm1", OpKind.MEM, 0.0, norm_bytes),
         Op("qkv", OpKind.GEMM, 2.0 * tok * h * qkv_n, B * (tok * h + h * qkv_n + tok * qkv_n), tok, qkv_n, h),
     ]
+    if m.arch == "llama":  # rotary embedding of q and k
+        rope = (EAGER_ROPE_BYTES if eager else FUSED_ROPE_BYTES) * tok * (at + kvt) * hd
+        ops.append(Op("rope", OpKind.MEM, 0.0, rope, bwd=1.0))
     if m.flash_attention:
         # a causal kernel skips the masked half (with cp, the load-balanced split gives every rank half too)
         fl = 4.0 * b * at * sl * s * hd * (0.5 if m.causal else 1.0)
@@ -410,13 +430,13 @@ def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *,
     ops += [
         Op("proj", OpKind.GEMM, 2.0 * tok * (qd // tp) * h, B * (tok * qd / tp + qd * h / tp + tok * h), tok, h, qd // tp),
         Op("residual1", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0),
-        Op("norm2", OpKind.MEM, 0.0, 2 * B * tok * h / spd),
+        Op("norm2", OpKind.MEM, 0.0, norm_bytes),
     ]
     g = 2 if m.gated else 1
     mlp_act = 0.0  # saved activations of the MLP part (tp region)
     expert_params = a2a = 0.0
     if not moe:
-        ops += _mlp_ops("", tok, h, fn, g, 1)
+        ops += _mlp_ops("", tok, h, fn, g, 1, eager)
         mlp_act = B * tok * fn * g + B * tok * fn
     else:
         fe = m.expert_ffn // tp
@@ -424,10 +444,10 @@ def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *,
         tok_e = tok * m.top_k * (m.capacity_factor or 1.0)  # routed tokens this GPU's experts process (mean)
         ops.append(Op("router", OpKind.GEMM, 2.0 * tok * h * m.experts, B * (tok * h + h * m.experts), tok, m.experts, h))
         ops.append(Op("permute", OpKind.MEM, 0.0, 4 * B * tok_e * h, bwd=1.0))  # gather in, scatter back out
-        ops += _mlp_ops("expert_", int(tok_e), h, fe, g, local)
+        ops += _mlp_ops("expert_", int(tok_e), h, fe, g, local, eager)
         mlp_act = B * tok_e * h + B * tok_e * fe * g + B * tok_e * fe
         if m.shared_experts:
-            ops += _mlp_ops("shared_", tok, h, fe * m.shared_experts, g, 1)
+            ops += _mlp_ops("shared_", tok, h, fe * m.shared_experts, g, 1, eager)
             mlp_act += B * tok * fe * m.shared_experts * (g + 1)
         expert_params = m.moe_block_split()[1] / (tp * ep)
         a2a = B * tok_e * h / spd * (ep - 1) / ep if ep > 1 else 0.0
@@ -464,13 +484,14 @@ def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *,
     )
 
 
-def _mlp_ops(prefix: str, tok: int, h: int, width: int, g: int, batch: int) -> list[Op]:
+def _mlp_ops(prefix: str, tok: int, h: int, width: int, g: int, batch: int, eager: bool = False) -> list[Op]:
     """fc1 (``g`` = 2: gate and up together), activation, fc2 over ``tok`` tokens split into ``batch`` GEMMs."""
     B = ACT_BYTES
+    act = EAGER_SWIGLU_BYTES if eager and g == 2 else B * (g + 1)
     return [
         Op(prefix + "fc1", OpKind.GEMM, 2.0 * tok * h * width * g, B * (tok * h + (h * batch + tok) * width * g),
            tok // batch, width * g, h, batch),
-        Op(prefix + "act", OpKind.MEM, 0.0, B * tok * width * (g + 1), bwd=1.5),
+        Op(prefix + "act", OpKind.MEM, 0.0, act * tok * width, bwd=1.5),
         Op(prefix + "fc2", OpKind.GEMM, 2.0 * tok * width * h, B * (tok * width + width * h * batch + tok * h),
            tok // batch, h, width, batch),
     ]
@@ -520,7 +541,7 @@ class Cnn:
     def model_flops_per_sample(self) -> float:
         return 3.0 * 2.0 * self.macs_per_sample()
 
-    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int, ep: int = 1) -> tuple[LayerCost, ...]:
+    def layer_costs(self, *, mb: int, tp: int, sp: bool, cp: int, ep: int = 1, eager: bool = False) -> tuple[LayerCost, ...]:
         self.check_tp(tp)
         if ep != 1:
             raise UserError(f"--ep {ep}: expert parallelism needs a mixture-of-experts transformer")
