@@ -162,7 +162,7 @@ def test_fp8_and_overlapped_communication_are_what_ifs() -> None:
     ovl = estimate(m, replace(base, comm_overlap=True), cl, global_batch=16)
     assert fp8.breakdown["compute"] < bf16.breakdown["compute"]
     assert fp8.model_tflops_per_gpu > bf16.model_tflops_per_gpu and fp8.mfu > bf16.mfu  # MFU stays on the bf16 peak
-    assert 0 < ovl.breakdown["tp_comm"] < bf16.breakdown["tp_comm"]
+    assert 0 <= ovl.breakdown["tp_comm"] < bf16.breakdown["tp_comm"]  # hidden up to `overlap` of the GEMMs
     with pytest.raises(UserError, match="a100-80gb has no FP8 tensor cores"):
         estimate(m, replace(base, precision="fp8"), homogeneous("a100-80gb", 16), global_batch=16)
     with pytest.raises(UserError, match="--precision 'fp4'"):

@@ -116,6 +116,11 @@ DEVICES: dict[str, Device] = {
         # H100 SXM5: 67 FP32, 494.7 TF32, 989.5 BF16/FP16 dense (989/1,979 with sparsity); 3.35 TB/s, 80 GB
         Device(name="h100-sxm", peak_tflops={"fp32": 67.0, "tf32": 494.7, "bf16": 989.5, "fp16": 989.5},
                mem_bw_gbps=3350.0, mem_gib=80.0, source=_H100),  # fmt: skip
+        # H100 96 GB HBM2e at 500 W (Meta Grand Teton; pytorch/torchtitan docs/performance.md): 2.4 TB/s; peak
+        # "between SXM and NVL" (989 and 835 dense BF16), not stated: the midpoint is assumed, as in plan.devices
+        Device(name="h100-96gb", peak_tflops={"fp32": 62.0, "tf32": 456.0, "bf16": 912.0, "fp16": 912.0},
+               mem_bw_gbps=2400.0, mem_gib=96.0,
+               source="pytorch/torchtitan@eaea6f6:docs/performance.md; peak the SXM/NVL midpoint (assumed)"),  # fmt: skip
         # H200 SXM: same GH100 compute as H100 SXM; 4.8 TB/s HBM3e, 141 GB
         Device(name="h200", peak_tflops={"fp32": 67.0, "tf32": 494.7, "bf16": 989.5, "fp16": 989.5},
                mem_bw_gbps=4800.0, mem_gib=141.0, source=_H200),  # fmt: skip
