@@ -26,7 +26,8 @@ _PLAN_MODEL_FLAGS = {
     "--arch", "--attn-flops", "--capacity-factor", "--cluster", "--dense-layers", "--experts", "--ffn-hidden",
     "--flash-attention", "--global-batch", "--gpu", "--gpu-group", "--gpus", "--gpus-per-node", "--heads", "--hidden",
     "--json", "--kv-heads", "--layers", "--model", "--moe-ffn-hidden", "--nic-gbps", "--nvlink-gbps", "--seq",
-    "--shared-experts", "--top-k", "--vocab", "--explain",
+    "--shared-experts", "--top-k", "--vocab", "--explain", "--rail-optimized", "--no-rail-optimized",
+    "--oversubscription", "--leaf-nodes",
 }  # fmt: skip
 EXPECTED_ESTIMATE_FLAGS = _PLAN_MODEL_FLAGS | {
     "--attn-kernel", "--comm-overlap", "--kernels", "--cp", "--cp-mode", "--ep", "--micro-batch", "--precision", "--no-reshard-after-forward",
@@ -50,8 +51,8 @@ EVERY_COMMAND_FLAGS: dict[str, set[str]] = {
         "--arch", "--attn-flops", "--attn-kernel", "--capacity-factor", "--cluster", "--comm-overlap", "--cp", "--cp-mode",
         "--dense-layers", "--ep", "--experts", "--explain", "--ffn-hidden", "--flash-attention", "--kernels",
         "--global-batch", "--gpu", "--gpu-group", "--gpus", "--gpus-per-node", "--heads", "--hidden", "--json",
-        "--kv-heads", "--layers", "--micro-batch", "--model", "--moe-ffn-hidden", "--nic-gbps", "--nvlink-gbps",
-        "--placement", "--pp", "--precision", "--recompute", "--reshard-after-forward", "--schedule", "--seq",
+        "--kv-heads", "--layers", "--leaf-nodes", "--micro-batch", "--model", "--moe-ffn-hidden", "--nic-gbps",
+        "--nvlink-gbps", "--oversubscription", "--rail-optimized", "--placement", "--pp", "--precision", "--recompute", "--reshard-after-forward", "--schedule", "--seq",
         "--sequence-parallel", "--shard-group", "--shared-experts", "--top-k", "--tp", "--virtual-stages",
         "--vocab", "--zero"
     },
@@ -73,7 +74,8 @@ EVERY_COMMAND_FLAGS: dict[str, set[str]] = {
         "--experts", "--explain", "--ffn-hidden", "--flash-attention", "--global-batch", "--goodput", "--gpu",
         "--gpu-group", "--gpus", "--gpus-per-node", "--heads", "--hidden", "--json", "--kv-heads", "--layers",
         "--method", "--model", "--moe-ffn-hidden", "--mtbf-gpu-hours", "--nic-gbps", "--nvlink-gbps",
-        "--restart-s", "--seq", "--shared-experts", "--simulate", "--top", "--top-k", "--vocab"
+        "--restart-s", "--seq", "--shared-experts", "--simulate", "--top", "--top-k", "--vocab", "--leaf-nodes",
+        "--oversubscription", "--rail-optimized"
     },
     "profile": {"--batch-size", "--force", "--model", "--optimizer", "--out", "--steps", "--threads", "--warmup"},
     "replay": {"--force", "--json", "--no-straggler", "--timeline"},

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainsim.errors import UserError
 from trainsim.plan.comm import (
     all_to_all_s,
     allgather_attention_s,
@@ -124,3 +125,44 @@ def test_zero3_communication_grows_with_dp() -> None:
         t = next(t for t in e.terms if t.name == "fsdp_comm")
         assert t.busy_s > 0
     assert 0 < comm[0] <= comm[1] <= comm[2]
+
+
+def test_fabric_bandwidth_by_span() -> None:
+    """Rail-optimised: up to one leaf's nodes on the NIC's full rate, beyond it 1/oversubscription; one switch
+    per node: every inter-node transfer crosses the spine."""
+    from trainsim.plan.devices import homogeneous as hom
+
+    rails = hom("h100", 1024, oversubscription=2.0).groups[0]
+    assert rails.inter_node_gbps(32) == 50.0 and rails.inter_node_gbps(33) == 25.0
+    tor = hom("h100", 1024, oversubscription=2.0, rail_optimized=False).groups[0]
+    assert tor.inter_node_gbps(2) == 25.0
+    assert hom("h100", 1024, rail_optimized=False).groups[0].inter_node_gbps(128) == 50.0  # non-blocking
+    with pytest.raises(UserError, match=r"--oversubscription 0\.5"):
+        hom("h100", 16, oversubscription=0.5)
+
+
+def test_tapered_spine_slows_expert_all_to_all_across_leaves() -> None:
+    """EP 16 spans 2 nodes: on rails they share a leaf, so a 2:1 spine taper changes nothing; with one switch
+    per node, or with leaves of one node, the off-node half of the all-to-all runs at half the NIC rate."""
+    from dataclasses import replace
+
+    m = replace(preset("mixtral-8x7b"), experts=16)
+    s = Strategy(dp=64, ep=16, micro_batch=1, zero=1)
+
+    def ep_s(**fabric: object) -> float:
+        return estimate(m, s, homogeneous("h100", 64, **fabric), global_batch=64).breakdown["ep_comm"]  # type: ignore[arg-type]
+
+    flat = ep_s()
+    assert ep_s(oversubscription=2.0) == flat
+    no_rails, small_leaves = ep_s(oversubscription=2.0, rail_optimized=False), ep_s(oversubscription=2.0, leaf_nodes=1)
+    assert no_rails == small_leaves > flat * 1.3
+
+
+@settings(max_examples=30, deadline=None)
+@given(which=st.integers(0, len(_STRATS) - 1), taper=st.floats(1.0, 4.0), rails=st.booleans())
+def test_a_tapered_or_railless_fabric_never_speeds_a_step(which: int, taper: float, rails: bool) -> None:
+    s = _STRATS[which]
+    base = estimate(_SMALL, s, homogeneous("h100", 16, gpus_per_node=4), global_batch=32)
+    worse = estimate(_SMALL, s, homogeneous("h100", 16, gpus_per_node=4, oversubscription=taper, rail_optimized=rails,
+                                           leaf_nodes=2), global_batch=32)  # fmt: skip
+    assert worse.step_s >= base.step_s * (1 - 1e-12)

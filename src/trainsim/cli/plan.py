@@ -62,6 +62,12 @@ def _cluster_options(f: Any) -> Any:
                      help="Inter-node bandwidth per GPU per direction, GB/s (400 Gbit/s = 50); default: the GPU's usual node."),
         click.option("--nvlink-gbps", type=float, default=None,
                      help="NVLink bandwidth per GPU per direction, GB/s; default: the GPU's datasheet."),
+        click.option("--rail-optimized/--no-rail-optimized", default=True, show_default=True,
+                     help="Rail-optimised fabric (GPU i of each node on leaf i) or one top-of-rack switch per node."),
+        click.option("--oversubscription", type=float, default=1.0, show_default=True,
+                     help="Leaf down-link / up-link bandwidth; traffic crossing the spine gets 1/this of the NIC."),
+        click.option("--leaf-nodes", type=click.IntRange(min=1), default=32, show_default=True,
+                     help="Nodes under one rail's leaf switch (a DGX SuperPOD scalable unit: 32)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -109,8 +115,10 @@ def build_cluster(kw: dict[str, Any]) -> Any:
     if len(given) > 1:  # one would be used and the other dropped unseen
         raise UserError(f"{' and '.join(given)} both describe the cluster; give one of --gpu NAME --gpus N, "
                         "--gpu-group NAME:COUNT, or --cluster FILE")  # fmt: skip
-    if (kw.get("nic_gbps") or kw.get("nvlink_gbps")) and (kw.get("cluster_file") or kw.get("gpu_groups")):
-        raise UserError("--nic-gbps/--nvlink-gbps apply to --gpu NAME --gpus N only")
+    fabric = {k: kw[k] for k, default in (("rail_optimized", True), ("oversubscription", 1.0), ("leaf_nodes", 32))
+              if kw.get(k, default) != default}  # fmt: skip
+    if (kw.get("nic_gbps") or kw.get("nvlink_gbps") or fabric) and (kw.get("cluster_file") or kw.get("gpu_groups")):
+        raise UserError("--nic-gbps/--nvlink-gbps and the fabric flags apply to --gpu NAME --gpus N only")
     if kw.get("cluster_file"):
         return load_cluster(kw["cluster_file"])
     if kw.get("gpu_groups"):
@@ -118,7 +126,7 @@ def build_cluster(kw: dict[str, Any]) -> Any:
     if not kw.get("gpu") or kw.get("gpus") is None:
         raise UserError("no cluster: give --gpu NAME --gpus N, --gpu-group NAME:COUNT, or --cluster FILE")
     return homogeneous(kw["gpu"], kw["gpus"], kw["gpus_per_node"], nic_gbps=kw.get("nic_gbps"),
-                       nvlink_gbps=kw.get("nvlink_gbps"))
+                       nvlink_gbps=kw.get("nvlink_gbps"), **fabric)
 
 
 @click.command("estimate")

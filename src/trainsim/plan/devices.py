@@ -100,22 +100,45 @@ def names() -> list[str]:
     return sorted(_CATALOG) + sorted(_ALIASES)
 
 
+LEAF_NODES = 32
+"""nodes whose same-rail GPUs share one leaf switch in a rail-optimised fabric: a DGX SuperPOD scalable unit
+is 32 DGX H100 nodes with one leaf switch per rail (NVIDIA DGX SuperPOD reference architecture)"""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NodeGroup:
-    """``count`` GPUs of one kind, ``gpus_per_node`` to a node."""
+    """``count`` GPUs of one kind, ``gpus_per_node`` to a node, and the fabric between the nodes."""
 
     gpu: Gpu
     count: int
     gpus_per_node: int
+    rail_optimized: bool = True
+    """GPU i of every node on leaf switch i (rail i); NCCL keeps rings on a rail and sends cross-rail
+    traffic over NVLink to the right rail first (PXN), so up to ``leaf_nodes`` nodes never reach the spine.
+    False: one top-of-rack switch per node, so all inter-node traffic crosses the spine"""
+    oversubscription: float = 1.0
+    """leaf down-link / up-link bandwidth (1 = non-blocking); traffic crossing the spine gets 1/this of the NIC"""
+    leaf_nodes: int = LEAF_NODES
 
     def __post_init__(self) -> None:
         if self.count < 1 or self.gpus_per_node < 1:
             raise UserError(f"GPU group {self.gpu.name}: count and gpus_per_node must be >= 1")
+        if not self.oversubscription >= 1.0:
+            raise UserError(f"--oversubscription {self.oversubscription}; expected >= 1 (1 = non-blocking)")
+        if self.leaf_nodes < 1:
+            raise UserError(f"--leaf-nodes {self.leaf_nodes}; expected >= 1")
         if self.count % self.gpus_per_node and self.count > self.gpus_per_node:
             raise UserError(
                 f"GPU group {self.gpu.name}: {self.count} GPUs is not a whole number of "
                 f"{self.gpus_per_node}-GPU nodes"
             )
+
+
+    def inter_node_gbps(self, nodes: int) -> float:
+        """Per-GPU inter-node bandwidth (GB/s) of traffic among ``nodes`` nodes: the NIC, or 1/oversubscription
+        of it once the traffic crosses the spine (beyond one leaf, or always without rails)."""
+        spine = not self.rail_optimized or nodes > self.leaf_nodes
+        return self.gpu.nic_gbps / (self.oversubscription if spine else 1.0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,9 +160,10 @@ class Cluster:
 
 
 def homogeneous(name: str, n_gpus: int, gpus_per_node: int = 8, *, nic_gbps: float | None = None,
-                nvlink_gbps: float | None = None) -> Cluster:
+                nvlink_gbps: float | None = None, rail_optimized: bool = True, oversubscription: float = 1.0,
+                leaf_nodes: int = LEAF_NODES) -> Cluster:
     """``n_gpus`` of one kind; ``nic_gbps`` / ``nvlink_gbps`` override the catalog's per-GPU network and NVLink
-    bandwidth (GB/s per direction), e.g. 400 Gbit/s per GPU = 50."""
+    bandwidth (GB/s per direction), e.g. 400 Gbit/s per GPU = 50; the fabric as in ``NodeGroup``."""
     from dataclasses import replace
 
     kind = gpu(name)
@@ -147,7 +171,9 @@ def homogeneous(name: str, n_gpus: int, gpus_per_node: int = 8, *, nic_gbps: flo
         if v is not None and not v > 0:
             raise UserError(f"{flag} {v}; expected a bandwidth > 0 in GB/s")
     kind = replace(kind, nic_gbps=nic_gbps or kind.nic_gbps, nvlink_gbps=nvlink_gbps or kind.nvlink_gbps)
-    return Cluster(groups=(NodeGroup(gpu=kind, count=n_gpus, gpus_per_node=min(gpus_per_node, n_gpus)),))
+    group = NodeGroup(gpu=kind, count=n_gpus, gpus_per_node=min(gpus_per_node, n_gpus), rail_optimized=rail_optimized,
+                      oversubscription=oversubscription, leaf_nodes=leaf_nodes)  # fmt: skip
+    return Cluster(groups=(group,))
 
 
 def parse_groups(specs: list[str], gpus_per_node: int = 8) -> Cluster:

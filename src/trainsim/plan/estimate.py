@@ -396,7 +396,7 @@ def group_bw(size: int, stride: int, g: NodeGroup) -> tuple[float, bool]:
     if size * stride <= gpn or (stride < gpn and size <= gpn // stride and (size * stride) <= gpn):
         return g.gpu.nvlink_gbps, True
     per_node = max(1, gpn // stride) if stride < gpn else 1
-    return min(g.gpu.nvlink_gbps, g.gpu.nic_gbps * per_node), False
+    return min(g.gpu.nvlink_gbps, g.inter_node_gbps(-(-size // per_node)) * per_node), False
 
 
 def uniform_stages(model: Model, pp: int) -> Stages:
@@ -564,10 +564,11 @@ def _coll_vec(moved: np.ndarray, bw_gbps: float, nv: bool, n: int, eff: Efficien
     return np.where(moved > 0, moved / (bw_gbps * 1e9 * e) + lat, 0.0)
 
 
-def _a2a_stage_s(sent: np.ndarray, cnt: np.ndarray, ep: int, per_node: int, gpu: Gpu, eff: Efficiency) -> float:
+def _a2a_stage_s(sent: np.ndarray, cnt: np.ndarray, ep: int, per_node: int, grp: NodeGroup, eff: Efficiency) -> float:
     """Seconds of ``cnt[l]`` all-to-alls of ``sent[l]`` bytes per layer (layers share a few sizes)."""
     sizes, inv = np.unique(sent, return_inverse=True)
-    one = np.array([all_to_all_s(float(x), ep, per_node, gpu.nvlink_gbps, gpu.nic_gbps, eff) for x in sizes])
+    nic = grp.inter_node_gbps(-(-ep // per_node))
+    one = np.array([all_to_all_s(float(x), ep, per_node, grp.gpu.nvlink_gbps, nic, eff) for x in sizes])
     return float(np.dot(cnt, one[inv]))
 
 
@@ -622,8 +623,10 @@ def _stage_time(
     t_cp = 0.0
     if s.cp > 1 and u.cp_kv > 0:
         cp_bw, cp_nv = group_bw(s.cp, dims["cp"][1], grp)
-        if s.cp_mode == "ring" and not cp_nv:
-            cp_bw = min(gpu.nvlink_gbps, gpu.nic_gbps)  # each step's slowest hop leaves the node on one NIC
+        if s.cp_mode == "ring" and not cp_nv:  # each step's slowest hop leaves the node on one NIC
+            cp_stride = dims["cp"][1]
+            cp_nodes = s.cp if cp_stride >= grp.gpus_per_node else -(-s.cp * cp_stride // grp.gpus_per_node)
+            cp_bw = min(gpu.nvlink_gbps, grp.inter_node_gbps(cp_nodes))
         chunk = tab.cp_bytes[lo:hi] / (s.cp - 1)
         if s.cp_mode == "ring":
             ct = ring_attention_s(chunk, tab.attn_fwd[lo:hi], s.cp, cp_bw, eff, on_nvlink=cp_nv)
@@ -645,11 +648,11 @@ def _stage_time(
         per_node = min(s.ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
         cnt = tab.a2a_count[lo:hi] * (fwd_passes + 1)
         sent = tab.a2a_bytes[lo:hi]
-        t_ep = _a2a_stage_s(sent, cnt, s.ep, per_node, gpu, eff)
+        t_ep = _a2a_stage_s(sent, cnt, s.ep, per_node, grp, eff)
         where = "within a node" if per_node >= s.ep else f"{per_node} per node, the rest over the NIC"
         if want:
             terms.append(Term("ep_comm", t_ep, t_ep, float(cnt.sum()), float(sent.max()), "nvlink+network",
-                              gpu.nic_gbps if per_node < s.ep else gpu.nvlink_gbps,
+                              grp.inter_node_gbps(-(-s.ep // per_node)) if per_node < s.ep else gpu.nvlink_gbps,
                               eff.network if per_node < s.ep else eff.nvlink, 0.0,
                               f"all-to-all over ep={s.ep} ({where}), not overlapped"))  # fmt: skip
     # pipeline point-to-point (scatter/gather: 1/tp of the activation per GPU)
@@ -746,14 +749,14 @@ def _stage_time(
 def _p2p_bw(s: Strategy, dims: dict[str, tuple[int, int]], cluster: Cluster, st: Stages, i: int, j: int) -> tuple[float, bool]:
     gi, gj = cluster.groups[st.groups[i]], cluster.groups[st.groups[j]]
     if st.groups[i] != st.groups[j]:
-        return min(gi.gpu.nic_gbps, gj.gpu.nic_gbps), False
+        return min(gi.inter_node_gbps(2), gj.inter_node_gbps(2)), False
     stride = dims["pp"][1]
     if stride < gi.gpus_per_node and s.world <= gi.gpus_per_node * max(1, gi.count // gi.gpus_per_node):
         # neighbours share a node when the pp stride stays inside it
         same_node = (stride * s.pp) <= gi.gpus_per_node
         if same_node:
             return gi.gpu.nvlink_gbps, True
-    return gi.gpu.nic_gbps, False
+    return gi.inter_node_gbps(2), False
 
 
 def check(model: Model, s: Strategy, cluster: Cluster, global_batch: int, stages: Stages | None) -> None:

@@ -153,7 +153,8 @@ def _a2a_bound(tab: UnitTable, a: int, b: int, ep: int, stride: int, grp: NodeGr
     per_node = min(ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
     sent, cnt = tab.a2a_bytes[a:b], 2 * tab.a2a_count[a:b]
     sizes, inv = np.unique(sent, return_inverse=True)
-    one = np.array([all_to_all_s(float(x), ep, per_node, grp.gpu.nvlink_gbps, grp.gpu.nic_gbps, eff) for x in sizes])
+    nic = grp.inter_node_gbps(-(-ep // per_node))
+    one = np.array([all_to_all_s(float(x), ep, per_node, grp.gpu.nvlink_gbps, nic, eff) for x in sizes])
     return float(np.dot(cnt, one[inv]))
 
 
@@ -358,9 +359,9 @@ def _stage_tables(model: Model, cluster: Cluster, s: Strategy, m: int, eff: Effi
                 size = float(tab.out_bytes[j - 1]) / (1 if s.sequence_parallel else s.tp)
                 if k2 == k:
                     same_node = per * 2 <= grp.gpus_per_node
-                    bw, nv = (grp.gpu.nvlink_gbps, True) if same_node else (grp.gpu.nic_gbps, False)
+                    bw, nv = (grp.gpu.nvlink_gbps, True) if same_node else (grp.inter_node_gbps(2), False)
                 else:
-                    bw, nv = min(grp.gpu.nic_gbps, grp2.gpu.nic_gbps), False
+                    bw, nv = min(grp.inter_node_gbps(2), grp2.inter_node_gbps(2)), False
                 p2p[k, k2, j] = 2 * p2p_s(size, bw, eff, on_nvlink=nv)
     cap = np.array([g.gpu.mem_gib * GIB for g in cluster.groups])
     slots = np.array([g.count // per for g in cluster.groups], np.int64)
