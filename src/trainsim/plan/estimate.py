@@ -603,7 +603,8 @@ def _stage_time(
     terms: list[Term] = []
     if want:
         terms.append(Term("compute", f + bw, f + bw, 1, 0.0, "tensor cores", gpu.peak_tflops, achieved, flops,
-                          f"forward {f:.4g} s + backward {bw:.4g} s (roofline per operator, optime)"))  # fmt: skip
+                          f"forward {f:.4g} s + backward {bw:.4g} s (roofline per operator, optime; "
+                          f"{s.precision}, attention kernel {s.attn_kernel}, {s.kernels} elementwise)"))  # fmt: skip
     if rct:
         if want:
             terms.append(Term("recompute", rct, rct, 1, 0.0, "tensor cores", gpu.peak_tflops, 0.0, 0.0, rc.name.lower()))
