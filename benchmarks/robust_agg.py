@@ -5,9 +5,12 @@
 
 1. Predictions, from generic calibrations only, written to the JSON before any run of the model: the
    link (``trainsim.testbed.calibrate`` on 4 ranks over the same kind of link: all-reduce at powers of 4
-   bytes, all-gather at 16 KiB .. 4 MiB per rank), the rules' compute (``robust_cost.time_rules`` on
-   random rows at powers of 4 elements), Zeno's forward passes (``trainsim.transform.opcost``'s table,
-   ``robust_cost.time_calls``); ``robust_cost.predict_overhead`` per rule.
+   bytes, all-gather at 16 KiB .. 4 MiB per rank), the two primitives' CPU time per rank
+   (``robust_cost.time_collectives``, 4 ranks on the same link, the same generic sizes), the rules'
+   CPU time with every core busy and cold caches (``robust_cost.time_rules`` on random rows at powers
+   of 4 elements), Zeno's forward passes (``trainsim.transform.opcost``'s table) and Python machinery
+   (``robust_cost.time_skeleton``: the model with every Linear made 1 x 1); ``robust_cost.predict_overhead``
+   per rule: the larger of the link-bound and the core-bound estimate.
 2. One launch of 4 ranks (``robust_worker.run_robust``): an MLP on scikit-learn's digits, per
    aggregator (DDP's all-reduce mean included) with 0, 1 and 2 bad ranks sending ``-10 g``, and with
    1 bad rank sending ``10 g`` and noise 10x the gradient's RMS; the test accuracy. Then, with no bad
@@ -69,34 +72,42 @@ def _network(rate_mbit: float | None, notes: list[str]) -> Iterator[tuple[Any, A
         yield net, popen, net.addr(0)
 
 
-def predict(cfg: Any, net: Any, rate_mbit: float | None) -> dict[str, Any]:
+def predict(cfg: Any, net: Any, popen: Any, master: str, rate_mbit: float | None) -> dict[str, Any]:
     """Step 1: the predictions and the calibrations they came from."""
     import torch
 
     from trainsim.cluster.calibrate_fit import default_sizes
-    from trainsim.run.robust_cost import predict_overhead, time_calls, time_rules, zeno_us
+    from trainsim.run.robust_cost import (
+        predict_overhead,
+        time_collectives,
+        time_rules,
+        time_skeleton,
+        zeno_us,
+    )
     from trainsim.run.robust_worker import _model
     from trainsim.testbed.calibrate import calibrate
     from trainsim.transform import opcost
 
     cal = calibrate(world=cfg.world_size, rate_mbit=rate_mbit, net=net, sizes=default_sizes(4 << 20),
                     allgather_sizes=AG_SIZES)  # fmt: skip
+    coll = time_collectives(cfg.world_size, AG_SIZES, popen=popen, master=master)
     rules = time_rules(cfg.world_size)
     table = opcost.load_or_calibrate()
     torch.set_num_threads(1)
-    calls = time_calls()
     model = _model(cfg)
+    skeleton_us = time_skeleton(model, cfg.world_size, cfg.val_batch)
     numel = sum(p.numel() for p in model.parameters())
-    z_us = zeno_us(model, cfg.val_batch, cfg.world_size, table, calls, classes=10)
+    z_us = zeno_us(model, cfg.val_batch, cfg.world_size, table, skeleton_us, classes=10)
     preds = {}
     for rule in RULES:
-        p = predict_overhead(rule, numel, cal, rules, zeno_compute_us=z_us)
+        p = predict_overhead(rule, numel, cal, rules, coll=coll, zeno_compute_us=z_us)
         preds[rule] = {"total_ms": p.total_us / 1e3, "link_ms": p.link_us / 1e3, "allgather_ms": p.allgather_us / 1e3,
                        "allreduce_ms": p.allreduce_us / 1e3, "compute_ms": p.compute_us / 1e3,
-                       "contention": p.contention}  # fmt: skip
+                       "contention": p.contention, "wire_ms": p.wire_us / 1e3, "cpu_ms": p.cpu_us / 1e3,
+                       "cpu_link_ms": (p.allgather_cpu_us - p.allreduce_cpu_us) / 1e3}  # fmt: skip
     return {"numel": numel, "size_bytes": 4 * numel, "rules": preds, "link_calibration": cal.to_json(),
-            "rule_times": {"sizes": list(rules.sizes), "us": rules.us}, "calls_us": calls,
-            "zeno_compute_us": z_us}  # fmt: skip
+            "collective_cpu": coll.to_json(), "rule_times": {"sizes": list(rules.sizes), "us": rules.us,
+            "corun": rules.corun}, "skeleton_us": skeleton_us, "zeno_compute_us": z_us}  # fmt: skip
 
 
 def overheads(timings: list[dict[str, list[dict[str, float]]]]) -> dict[str, dict[str, Any]]:
@@ -139,14 +150,18 @@ def markdown(doc: dict[str, Any]) -> str:
               f"Baseline step: {doc['measured'][BASELINE]['step_ms']:.2f} ms (rounds "
               f"{doc['measured'][BASELINE]['min_ms']:.2f}-{doc['measured'][BASELINE]['max_ms']:.2f}). "
               f"Bucket: {doc['prediction']['numel']} fp32 gradients ({doc['prediction']['size_bytes'] / 1024:.0f} KiB) per rank.",
-              "", "| aggregator | predicted | (link + compute x contention) | measured median | rounds min-max | "
-              "error | hook compute measured / predicted alone |", "|---|---:|---|---:|---|---:|---|"]  # fmt: skip
+              "", "Predicted: max(wire, share x cpu); wire = all-gather - all-reduce wall + rule; cpu = one rank's "
+              "extra CPU: all-gather - all-reduce CPU + rule (CPU with every core busy); share = ranks / cores.",
+              "", "| aggregator | predicted | wire | share x (cpu link + rule) | measured median | rounds min-max | "
+              "launch medians | error | hook compute measured / predicted |",
+              "|---|---:|---:|---|---:|---|---|---:|---|"]  # fmt: skip
     for rule in RULES:
         p, m = doc["prediction"]["rules"][rule], doc["measured"][rule]
         err = 100 * (p["total_ms"] - m["overhead_ms"]) / m["overhead_ms"] if m["overhead_ms"] else float("nan")
-        lines.append(f"| {rule} | {p['total_ms']:.2f} | {p['link_ms']:.2f} + {p['compute_ms']:.2f} x {p['contention']:.0f} | "
-                     f"{m['overhead_ms']:.2f} | {m['min_ms']:.2f} to {m['max_ms']:.2f} | {err:+.0f} % | "
-                     f"{m['hook_compute_ms']:.2f} / {p['compute_ms']:.2f} |")  # fmt: skip
+        launches = ", ".join(f"{x:.2f}" for x in m["launch_medians_ms"])
+        lines.append(f"| {rule} | {p['total_ms']:.2f} | {p['wire_ms']:.2f} | {p['contention']:.0f} x ({p['cpu_link_ms']:.2f} + "
+                     f"{p['compute_ms']:.2f}) | {m['overhead_ms']:.2f} | {m['min_ms']:.2f} to {m['max_ms']:.2f} | "
+                     f"{launches} | {err:+.0f} % | {m['hook_compute_ms']:.2f} / {p['compute_ms']:.2f} |")  # fmt: skip
     lines += ["", *[f"- {n}" for n in doc["notes"]], ""]
     return "\n".join(lines)
 
@@ -181,7 +196,7 @@ def main() -> int:
     with _network(rate, notes) as (net, popen, master):
         if net is None:
             doc["network"] = "loopback"
-        doc["prediction"] = predict(cfg, net, rate)
+        doc["prediction"] = predict(cfg, net, popen, master, rate)
         doc["predictions_frozen_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         a.out.write_text(json.dumps(doc, indent=1) + "\n")  # the predictions, before any run of the model
         first = run_robust(cfg, popen=popen, master=master)
@@ -194,8 +209,10 @@ def main() -> int:
     doc["timing"] = timings
     doc["measured"] = overheads(timings)
     notes += [
-        "4 ranks share this host's 2 vCPUs: every rank runs the rule at the same moment, so the prediction "
-        "doubles its one-core compute (contention = world / cores).",
+        "4 ranks share this host's 2 vCPUs and saturate them (thread schedstat, 2026-11-29: 26-51 ms of CPU "
+        "per 16-29 ms step): each CPU millisecond a rank adds (the gather's socket work over the all-reduce's, "
+        "the rule) lengthens the step by world / cores = 2 ms; the prediction is the larger of that and the "
+        "link-bound estimate.",
         "Krum runs with f = 0, the largest 4 ranks allow (world >= 2f + 3): it keeps the one gradient closest "
         "to its 2 nearest others, with no guarantee for f >= 1.",
         "trimmed_mean with trim = 0.25 on 4 ranks drops one value at each end and averages the two middle "

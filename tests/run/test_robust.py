@@ -28,7 +28,7 @@ from trainsim.run.robust import (
     zeno_keep,
     zeno_scores,
 )
-from trainsim.run.robust_cost import RuleTimes, predict_overhead
+from trainsim.run.robust_cost import CollectiveCpu, RuleTimes, loglog, predict_overhead, skeleton
 
 
 def t(rows: list[list[float]]) -> torch.Tensor:
@@ -194,10 +194,41 @@ def test_rule_times_interpolate_log_log() -> None:
     assert rt.at("median", 2) == pytest.approx(math.sqrt(2.0))
     assert rt.at("median", 64) == pytest.approx(8.0)  # the last slope held
     p = predict_overhead("median", 4, _Cal(), rt, cores=2)
-    # link 300 - 100, compute 2 us on each of 4 ranks sharing 2 cores: x2
-    assert (p.link_us, p.contention, p.total_us) == (200.0, 2.0, pytest.approx(204.0))
+    # no collective CPU times: link 300 - 100 + compute 2 = 202 against 2 x 2 us of the rule
+    assert (p.link_us, p.contention, p.total_us) == (200.0, 2.0, pytest.approx(202.0))
     with pytest.raises(ValueError, match="zeno_compute_us"):
         predict_overhead("zeno", 4, _Cal(), rt)
+
+
+def test_overhead_core_bound_by_hand() -> None:
+    # 16 bytes per rank (numel 4), halfway in log size between the grid's 4 and 64 bytes: the all-reduce's
+    # CPU sqrt(100 * 400) = 200 us, the all-gather's sqrt(250 * 1000) = 500 us
+    coll = CollectiveCpu(world=4, sizes_bytes=(4, 64), allreduce_us=[1.0, 1.0], allgather_us=[1.0, 1.0],
+                         allreduce_cpu_us=[100.0, 400.0], allgather_cpu_us=[250.0, 1000.0])  # fmt: skip
+    assert coll.cpu_us("allreduce", 16) == pytest.approx(200.0)
+    assert coll.cpu_us("allgather", 16) == pytest.approx(500.0)
+    rt = RuleTimes(world=4, sizes=(1, 4, 16), us={"krum": [10.0, 40.0, 160.0]})
+    p = predict_overhead("krum", 4, _Cal(), rt, coll=coll, cores=2)
+    # cpu: 500 - 200 + 40 = 340 us per rank; 4 ranks on 2 cores: 680; wire: 300 - 100 + 40 = 240
+    assert (p.cpu_us, p.wire_us, p.total_us) == (pytest.approx(340.0), pytest.approx(240.0), pytest.approx(680.0))
+    # as many cores as ranks: share 1, the link bound wins when it is the larger
+    q = predict_overhead("krum", 4, _Cal(), rt, coll=coll, cores=8)
+    assert q.total_us == pytest.approx(340.0)
+    cheap = CollectiveCpu(world=4, sizes_bytes=(4, 64), allreduce_us=[1.0, 1.0], allgather_us=[1.0, 1.0],
+                          allreduce_cpu_us=[100.0, 100.0], allgather_cpu_us=[100.0, 100.0])  # fmt: skip
+    assert predict_overhead("krum", 4, _Cal(), rt, coll=cheap, cores=8).total_us == pytest.approx(240.0)
+    with pytest.raises(ValueError, match="one world size"):
+        predict_overhead("krum", 4, _Cal(), rt, coll=CollectiveCpu(world=2, sizes_bytes=(4, 64), allreduce_us=[1, 1],
+                         allgather_us=[1, 1], allreduce_cpu_us=[1, 1], allgather_cpu_us=[1, 1]))  # fmt: skip
+
+
+def test_loglog_and_skeleton() -> None:
+    assert loglog([1, 100], [1.0, 100.0], 10) == pytest.approx(10.0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10, bias=False))
+    sk = skeleton(model)
+    assert [type(m) for m in sk] == [type(m) for m in model]
+    assert [tuple(p.shape) for p in sk.parameters()] == [(1, 1), (1,), (1, 1)]
+    assert model[0].weight.shape == (32, 64)  # the model itself untouched
 
 
 # --------------------------------------------------------------------------- real ranks

@@ -1,25 +1,40 @@
 """What a robust-aggregation hook adds to a data-parallel step, predicted from generic calibrations.
 
     >>> from trainsim.testbed.calibrate import calibrate
-    >>> from trainsim.run.robust_cost import predict_overhead, time_rules
+    >>> from trainsim.run.robust_cost import predict_overhead, time_collectives, time_rules
     >>> cal = calibrate(world=4, allgather_sizes=[16 << 10, 256 << 10, 1 << 20])   # doctest: +SKIP
+    >>> coll = time_collectives(4, [16 << 10, 256 << 10, 1 << 20])                 # doctest: +SKIP
     >>> rules = time_rules(4)                                                       # doctest: +SKIP
-    >>> predict_overhead("median", 85_002, cal, rules).total_us                    # doctest: +SKIP
+    >>> predict_overhead("median", 85_002, cal, rules, coll=coll).total_us         # doctest: +SKIP
 
 The hook replaces one all-reduce of the bucket (S bytes) by an all-gather of S bytes per rank and then
-combines the rows on every rank. Its extra time per step, for one bucket that nothing overlaps, is
+combines the rows on every rank. Its extra time per step, for one bucket that nothing overlaps, is the
+larger of two bounds:
 
-    overhead = [allgather(S) - allreduce(S)] + contention * compute(rule, world, numel)
+    wire = [allgather(S) - allreduce(S)] + compute(rule, S)                  (the ranks wait for the link)
+    cpu  = share * ([cpu_allgather(S) - cpu_allreduce(S)] + compute(rule, S))  (the ranks wait for cores)
 
-1. ``allgather(S)`` and ``allreduce(S)``: ``Calibration.allgather_us`` and ``Calibration.predict_us`` of a
-   ``trainsim.testbed.calibrate`` run on the same link and world size, at its own generic sizes;
-2. ``compute``: ``time_rules`` times each rule (``robust.aggregate``) on random rows at a generic grid of
-   sizes (powers of 4 elements, never the model's) on this CPU with one thread, interpolated in log-log;
-   Zeno's rule is priced instead from ``world + 1`` forward passes of the model on the validation batch
-   (``zeno_us``: its GEMMs from ``trainsim.transform.opcost``'s table, a generic per-module and
-   per-swapped-tensor cost from ``time_calls``, elementwise work from the table's ``elementwise`` line);
-3. ``contention``: every rank computes the same rule at the same moment, so with more ranks than cores
-   (4 ranks on this 2-vCPU host) each gets ``cores / world`` of a core: ``max(1, world / cores)``.
+1. ``allgather(S)`` and ``allreduce(S)``: wall times, ``Calibration.allgather_us`` and
+   ``Calibration.predict_us`` of a ``trainsim.testbed.calibrate`` run on the same link and world size,
+   at its own generic sizes;
+2. ``cpu_allgather(S)``, ``cpu_allreduce(S)``: the CPU time (every thread of a rank: the poster, gloo's
+   threads, the waiter that completes the hook's future, the kernel's socket work) that one rank spends
+   per call of each primitive as the hooks issue it (future, ``then``, wait), from ``time_collectives``:
+   4 ranks on the same link at generic sizes (powers of 4 bytes), interpolated in log-log. On gloo
+   over emulated links the socket work is most of it: the all-gather sends and receives ``world - 1``
+   whole buckets per rank where the ring all-reduce moves ``2 (world - 1) / world`` of one;
+3. ``compute``: ``time_rules`` times each rule (``robust.aggregate`` and the copy into the bucket) at a
+   generic grid of sizes (powers of 4 elements, never the model's), one thread per core all timing at
+   once, each on rows flushed from the caches before every call (``RuleTimes.corun``): in a run the
+   rows arrive from the sockets and every core computes, and the rule's CPU time there read 1.6-4x its
+   time alone with warm caches (2026-11-29, 4 ranks: median 1.13 ms against 0.53-0.70 ms); Zeno's rule
+   is priced from ``world + 1`` forward passes (``zeno_us``: GEMMs and elementwise work from
+   ``trainsim.transform.opcost``'s table) plus its Python machinery, timed on a skeleton of the model
+   (every ``Linear`` made 1 x 1: the same modules and parameter tensors, none of the arithmetic);
+4. ``share``: ``max(1, world / cores)``. With more ranks than cores (4 ranks on this 2-vCPU host) the
+   host is saturated: the 4 ranks asked for 26-51 ms of CPU per 16-29 ms step (2026-11-29, thread
+   schedstat), so every millisecond of CPU that a rank adds lengthens the step by ``world / cores`` of a
+   millisecond, wherever in the step the rank spends it (measured: 2.1-2.3 ms per ms).
 """
 
 from __future__ import annotations
@@ -46,80 +61,163 @@ class RuleTimes:
     sizes: tuple[int, ...]
     us: dict[str, list[float]]
     threads: int = 1
+    corun: int = 1
+    """threads timing at once, one per core (each its own rows, caches flushed before every call)"""
 
     def at(self, rule: str, numel: int) -> float:
         """Interpolated in log size and log time; the end slopes held beyond the grid."""
-        ys = self.us[rule]
-        lx = [math.log(s) for s in self.sizes]
-        x = math.log(max(1, numel))
-        i = 0 if x <= lx[1] else len(lx) - 2 if x >= lx[-2] else max(j for j in range(len(lx) - 1) if lx[j] <= x)
-        w = (x - lx[i]) / (lx[i + 1] - lx[i])
-        return math.exp((1 - w) * math.log(ys[i]) + w * math.log(ys[i + 1]))
+        return loglog(self.sizes, self.us[rule], numel)
 
 
-def _median_us(fn: Callable[[], object], reps: int) -> float:
+def loglog(sizes: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """``ys`` (> 0, at ascending ``sizes``, >= 2 of them) interpolated at ``x`` in log size and log value;
+    the end slopes held beyond the grid."""
+    lx = [math.log(s) for s in sizes]
+    lv = math.log(max(1.0, x))
+    i = 0 if lv <= lx[1] else len(lx) - 2 if lv >= lx[-2] else max(j for j in range(len(lx) - 1) if lx[j] <= lv)
+    w = (lv - lx[i]) / (lx[i + 1] - lx[i])
+    return math.exp((1 - w) * math.log(ys[i]) + w * math.log(ys[i + 1]))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveCpu:
+    """Per call of each primitive as the hooks issue it, on ``world`` ranks, at ``sizes_bytes`` (per rank):
+    the wall time and the CPU time of one rank (all its threads; the mean of the ranks), in µs."""
+
+    world: int
+    sizes_bytes: tuple[int, ...]
+    allreduce_us: list[float]
+    allgather_us: list[float]
+    allreduce_cpu_us: list[float]
+    allgather_cpu_us: list[float]
+
+    def cpu_us(self, kind: str, size_bytes: float) -> float:
+        """``kind`` (``allreduce`` or ``allgather``) CPU time per call at ``size_bytes``, in log-log."""
+        ys = {"allreduce": self.allreduce_cpu_us, "allgather": self.allgather_cpu_us}[kind]
+        return loglog(self.sizes_bytes, ys, size_bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"world": self.world, "sizes_bytes": list(self.sizes_bytes), "allreduce_us": self.allreduce_us,
+                "allgather_us": self.allgather_us, "allreduce_cpu_us": self.allreduce_cpu_us,
+                "allgather_cpu_us": self.allgather_cpu_us}  # fmt: skip
+
+
+def _median_us(fn: Callable[[], object], reps: int, before: Callable[[], object] | None = None) -> float:
+    """Median wall time (µs) of ``fn``; ``before`` runs untimed ahead of each call. With ``before``, the
+    calling thread's CPU time instead (other threads then share the cores: their waits are not the rule's)."""
     fn()  # warm-up: allocations
+    clock = time.perf_counter if before is None else time.thread_time
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        if before is not None:
+            before()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return 1e6 * statistics.median(times)
 
 
-def time_rules(world: int, sizes: Sequence[int] = RULE_SIZES, *, reps: int = 15, seed: int = 0) -> RuleTimes:
-    """Time ``robust.aggregate`` of each rule in ``TIMED_RULES`` on ``world`` random rows of each size
-    (one intra-op thread, as the ranks run). The median of ``reps``: a step pays a typical call, and
-    the host's other tenants make the mean of a few calls jump."""
+FLUSH_BYTES = 64 << 20
+"""scratch written before each timed call of ``time_rules``: twice this host's L3 (32 MiB), so the rows
+come from memory, as in a run where they arrive from the sockets"""
+
+
+def time_rules(
+    world: int, sizes: Sequence[int] = RULE_SIZES, *, reps: int = 15, seed: int = 0, corun: int | None = None
+) -> RuleTimes:  # fmt: skip
+    """Time ``robust.aggregate`` of each rule in ``TIMED_RULES``, and the copy of its result into a
+    bucket, on ``world`` random rows of each size: ``corun`` threads (default: one per core) at once,
+    one intra-op thread each as the ranks run, each on its own rows and flushing the caches with a
+    write of ``FLUSH_BYTES`` before every call; per rule and size the mean over the threads of each
+    one's median CPU time (a step pays a typical call)."""
+    import threading
+
     import torch
 
     from trainsim.run.robust import RobustState, aggregate
 
+    corun = corun or len(os.sched_getaffinity(0))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         g = torch.Generator().manual_seed(seed)
         us: dict[str, list[float]] = {r: [] for r in TIMED_RULES}
+        scratch = [torch.zeros(FLUSH_BYTES // 4) for _ in range(corun)]
         for n in sizes:
-            rows = torch.randn(world, n, generator=g)
+            rows = [torch.randn(world, n, generator=g) for _ in range(corun)]
+            bucket = [torch.empty(n) for _ in range(corun)]
             for rule in TIMED_RULES:
                 state = RobustState(rule, world_size=world, rank=0, f=0, trim=0.25)
-                us[rule].append(_median_us(partial(aggregate, state, rows), reps))
+                got = [0.0] * corun
+
+                def one(i: int, state: RobustState = state, got: list[float] = got, rows: Any = rows,
+                        bucket: Any = bucket) -> None:  # fmt: skip
+                    call = partial(lambda r, b: b.copy_(aggregate(state, r)), rows[i], bucket[i])
+                    got[i] = _median_us(call, reps, before=partial(scratch[i].add_, 1.0))
+
+                pool = [threading.Thread(target=one, args=(i,)) for i in range(corun)]
+                for th in pool:
+                    th.start()
+                for th in pool:
+                    th.join()
+                us[rule].append(statistics.fmean(got))
     finally:
         torch.set_num_threads(threads)
-    return RuleTimes(world=world, sizes=tuple(sizes), us=us)
+    return RuleTimes(world=world, sizes=tuple(sizes), us=us, corun=corun)
 
 
-def time_calls(reps: int = 200) -> dict[str, float]:
-    """Generic Python-side costs (µs) of Zeno's scoring, on a generic stack of four ``Linear(1, 1)``:
-    ``module_us``, one module call (its 1x1 GEMM included); ``swap_us``, what ``torch.func.functional_call``
-    adds per parameter tensor it swaps in."""
+def skeleton(model: Any) -> Any:
+    """A copy of ``model`` with every ``nn.Linear`` made ``Linear(1, 1)``: the same modules and parameter
+    tensors, in the same order, with none of the arithmetic (what ``time_skeleton`` times)."""
+    import copy
+
+    from torch import nn
+
+    out = copy.deepcopy(model)
+    for name, m in list(out.named_modules()):
+        for child, sub in list(m.named_children()):
+            if isinstance(sub, nn.Linear):
+                setattr(m, child, nn.Linear(1, 1, bias=sub.bias is not None))
+        del name
+    return out
+
+
+def time_skeleton(model: Any, world: int, batch: int, *, reps: int = 30) -> float:
+    """Zeno's Python machinery per bucket (µs): ``robust.zeno_scores`` of ``world`` rows on the model's
+    ``skeleton`` (batch samples of one feature), one thread: the module calls, the swaps of
+    ``torch.func.functional_call``, the per-tensor views and casts, the loss and its read-back, with
+    1 x 1 GEMMs. The model's own arithmetic is priced from the op-cost table (``zeno_us``)."""
     import torch
+    import torch.nn.functional as F
+
+    from trainsim.run.robust import RobustState, zeno_scores
+
+    sk = skeleton(model)
+    params = list(sk.parameters())
+    x, y = torch.ones(batch, 1), torch.zeros(batch, dtype=torch.int64)
+    state = RobustState("zeno", world_size=world, rank=0, drop=0, lr=0.1, model=sk, validation=(x, y),
+                        loss_fn=F.cross_entropy)  # fmt: skip
+    rows = torch.zeros(world, sum(p.numel() for p in params))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _median_us(partial(zeno_scores, state, rows, params), reps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def zeno_us(model: Any, batch: int, world: int, table: Any, skeleton_us: float, classes: int) -> float:
+    """Zeno's compute per bucket (the whole model in one bucket), alone on a core: its Python machinery
+    (``skeleton_us``, from ``time_skeleton``) and the model's arithmetic from the op-cost ``table``:
+    ``world + 1`` forward passes on ``batch`` samples (Linear GEMMs, the bias adds, activations and the
+    loss as elementwise traffic) and per row the swapped parameters (``p - lr g``: a multiply and a
+    subtract over every parameter) and its norm."""
     from torch import nn
 
-    model = nn.Sequential(*(nn.Linear(1, 1) for _ in range(4)))
-    x = torch.ones(1, 1)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    with torch.no_grad():
-        direct = _median_us(lambda: model(x), reps)
-        swapped = _median_us(lambda: torch.func.functional_call(model, params, (x,)), reps)
-    modules = len(model) + 1  # the Sequential and its four layers
-    return {"module_us": direct / modules, "swap_us": max(0.0, swapped - direct) / len(params)}
-
-
-def zeno_us(model: Any, batch: int, world: int, table: Any, calls: dict[str, float], classes: int) -> float:
-    """Zeno's compute per bucket (the whole model in one bucket), alone on a core: ``world + 1`` forward
-    passes on ``batch`` samples (Linear GEMMs from the op-cost ``table``, every module call at
-    ``calls["module_us"]``, activations and the loss as elementwise traffic), and per row the swapped
-    parameters (``p - lr g``: a multiply and a subtract over every parameter), its norm, and the swap."""
-    from torch import nn
-
-    mods = list(model.modules())
-    params = list(model.parameters())
-    numel = sum(p.numel() for p in params)
-    fwd = calls["module_us"] * len(mods)
+    numel = sum(p.numel() for p in model.parameters())
+    fwd = 0.0
     width = 1  # features coming out of the last Linear
-    for m in mods:
+    for m in model.modules():
         if isinstance(m, nn.Linear):
             width = m.out_features
             fwd += table.time_us("matmul_nt", (batch, m.in_features, width))  # x W^T
@@ -130,14 +228,14 @@ def zeno_us(model: Any, batch: int, world: int, table: Any, calls: dict[str, flo
     per_row = (
         2 * table.time_us("elementwise", (3 * 4 * numel,))  # lr * g, then p - that
         + table.time_us("elementwise", (2 * 4 * numel,))  # |g|^2
-        + calls["swap_us"] * len(params)
     )
-    return (world + 1) * fwd + world * per_row
+    return skeleton_us + (world + 1) * fwd + world * per_row
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OverheadPrediction:
-    """The predicted extra time per step of one rule over the plain all-reduce (µs)."""
+    """The predicted extra time per step of one rule over the plain all-reduce (µs): the larger of the
+    link-bound and the core-bound estimate (module docstring)."""
 
     rule: str
     size_bytes: int
@@ -145,26 +243,43 @@ class OverheadPrediction:
     allreduce_us: float
     allgather_us: float
     compute_us: float
-    """the rule alone on one core"""
+    """the rule's CPU time on a busy host (``time_rules``: every core computing, rows from memory)"""
     contention: float
-    """``max(1, world / cores)``"""
+    """``max(1, world / cores)``: the step's share of each CPU millisecond a rank adds"""
+    allreduce_cpu_us: float = 0.0
+    allgather_cpu_us: float = 0.0
+    """one rank's CPU time per call of each primitive (all its threads; ``time_collectives``)"""
 
     @property
     def link_us(self) -> float:
         return self.allgather_us - self.allreduce_us
 
     @property
+    def wire_us(self) -> float:
+        """The ranks wait for the link: the gather's extra wall time, then the rule."""
+        return self.link_us + self.compute_us
+
+    @property
+    def cpu_us(self) -> float:
+        """One rank's extra CPU time per step: the gather's over the all-reduce's, and the rule."""
+        return self.allgather_cpu_us - self.allreduce_cpu_us + self.compute_us
+
+    @property
     def total_us(self) -> float:
-        return self.link_us + self.contention * self.compute_us
+        return max(self.wire_us, self.contention * self.cpu_us)
 
 
 def predict_overhead(
-    rule: str, numel: int, cal: Any, rules: RuleTimes, *, zeno_compute_us: float | None = None, cores: int | None = None
+    rule: str, numel: int, cal: Any, rules: RuleTimes, *, coll: CollectiveCpu | None = None,
+    zeno_compute_us: float | None = None, cores: int | None = None,
 ) -> OverheadPrediction:  # fmt: skip
     """``rule``'s overhead for a one-bucket model of ``numel`` fp32 gradients (module docstring); ``cal``:
-    a ``Calibration`` with all-gather sizes, of ``rules.world`` ranks; Zeno needs ``zeno_compute_us``."""
-    if cal.world != rules.world:
-        raise ValueError(f"robust overhead: link calibrated for {cal.world} ranks, rules timed for {rules.world}")
+    a ``Calibration`` with all-gather sizes, of ``rules.world`` ranks; ``coll``: the primitives' CPU
+    times (``time_collectives``; without it the core-bound estimate counts the rule alone); Zeno needs
+    ``zeno_compute_us``."""
+    if cal.world != rules.world or (coll is not None and coll.world != rules.world):
+        raise ValueError(f"robust overhead: link calibrated for {cal.world} ranks, collectives' CPU for "
+                         f"{coll.world if coll else '-'}, rules timed for {rules.world}; expected one world size")  # fmt: skip
     if rule == "zeno":
         if zeno_compute_us is None:
             raise ValueError("robust overhead: zeno needs zeno_compute_us (see zeno_us)")
@@ -178,4 +293,89 @@ def predict_overhead(
     return OverheadPrediction(
         rule=rule, size_bytes=size, allreduce_us=cal.predict_us(size), allgather_us=cal.allgather_us(size),
         compute_us=compute, contention=max(1.0, rules.world / cores),
+        allreduce_cpu_us=coll.cpu_us("allreduce", size) if coll else 0.0,
+        allgather_cpu_us=coll.cpu_us("allgather", size) if coll else 0.0,
     )  # fmt: skip
+
+
+COLLECTIVE_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+"""per-rank bytes of ``time_collectives``: powers of 4, the all-gather calibration's grid"""
+
+
+def time_collectives(
+    world: int, sizes: Sequence[int] = COLLECTIVE_SIZES, *, rounds: int = 5, calls: int = 6, popen: Any = None,
+    master: str = "127.0.0.1", timeout_s: float = 600.0,
+) -> CollectiveCpu:  # fmt: skip
+    """Launch ``world`` gloo ranks (``popen``: e.g. a ``Netns``'s, for the same link as the run) and time
+    the two primitives at each of ``sizes`` as the hooks issue them: DDP's all-reduce (``async_op``, its
+    future, a ``then``) and the robust hook's all-gather (``casync.all_gather_bytes``, its future, a
+    ``then``), ``calls`` back to back after a barrier, the two taking turns for ``rounds`` rounds; per
+    size the median over rounds of wall and process CPU time per call, the mean of the ranks."""
+    from trainsim.run.ranks import local_popen, run_workers
+
+    cfg = _ProbeConfig(world=world, sizes=list(sizes), rounds=rounds, calls=calls)
+    ranks = run_workers("trainsim.run.robust_cost", cfg, world, popen=popen or local_popen, master=master, port=None,
+                        timeout_s=timeout_s)  # fmt: skip
+
+    def mean(key: str) -> list[float]:
+        return [statistics.fmean(r[key][i] for r in ranks) for i in range(len(sizes))]
+
+    return CollectiveCpu(world=world, sizes_bytes=tuple(sizes), allreduce_us=mean("allreduce_us"),
+                         allgather_us=mean("allgather_us"), allreduce_cpu_us=mean("allreduce_cpu_us"),
+                         allgather_cpu_us=mean("allgather_cpu_us"))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ProbeConfig:
+    world: int
+    sizes: list[int]
+    rounds: int
+    calls: int
+    timeout_s: float = 60.0
+
+
+def _probe_rank(cfg_json: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    """One rank of ``time_collectives``: writes its per-size medians as JSON to ``out``."""
+    import json
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from trainsim.run.casync import all_gather_bytes
+    from trainsim.run.ranks import init_gloo
+
+    cfg = _ProbeConfig(**cfg_json)
+    init_gloo(rank, cfg.world, master, port, cfg.timeout_s)
+    res: dict[str, list[float]] = {k: [] for k in ("allreduce_us", "allgather_us", "allreduce_cpu_us", "allgather_cpu_us")}
+    for size in cfg.sizes:
+        x = torch.ones(max(1, size // 4))
+        gathered = torch.empty(cfg.world * x.numel())
+
+        def allreduce(x: Any = x) -> None:
+            dist.all_reduce(x, async_op=True).get_future().then(lambda f: f.value()[0]).wait()
+
+        def allgather(x: Any = x, gathered: Any = gathered) -> None:
+            all_gather_bytes(gathered, x, None).get_future().then(lambda f, g=gathered: g).wait()
+
+        per: dict[str, list[tuple[float, float]]] = {"allreduce": [], "allgather": []}
+        for fn in (allreduce, allgather):
+            fn()  # warm-up: connections, allocations
+        for r in range(cfg.rounds):
+            for name, fn in (("allreduce", allreduce), ("allgather", allgather))[:: 1 if r % 2 == 0 else -1]:
+                dist.barrier()
+                c0, t0 = time.process_time(), time.perf_counter()
+                for _ in range(cfg.calls):
+                    fn()
+                per[name].append(((time.perf_counter() - t0) / cfg.calls, (time.process_time() - c0) / cfg.calls))
+        for name, got in per.items():
+            res[f"{name}_us"].append(1e6 * statistics.median(w for w, _ in got))
+            res[f"{name}_cpu_us"].append(1e6 * statistics.median(c for _, c in got))
+    Path(out).write_text(json.dumps(res))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    from trainsim.run.ranks import rank_main
+
+    rank_main(_probe_rank, "one rank of robust_cost.time_collectives")
