@@ -147,3 +147,25 @@ def test_concentration_charges_the_slowest_rank_several_ranks_helper_work() -> N
     assert two.end_us[a] == pytest.approx(own.end_us[a])  # nothing overlaps the first task
     with pytest.raises(ValueError, match="concentration"):
         simulate_with_host_cpu(g, cpu, concentration=0.5)
+
+
+def test_wire_cost_is_taken_once_whatever_the_concentration() -> None:
+    """``comm_wire_us`` loads the overlapping computation like the transfer's host CPU, but is already
+    the step-setting rank's loss: ``concentration`` scales the host CPU, not it."""
+    g, fwd, _ = _overlap_graph(10.0)
+    wire = np.zeros(g.n_tasks)
+    wire[g.kind == TaskKind.COMM] = 50.0  # a quarter of a core over the transfer's 200 us (t=100..300)
+    none = np.zeros(g.n_tasks)
+    one = simulate_with_host_cpu(g, none, comm_wire_us=wire)
+    # the forward needs 100 us from t=100 at 3/4 speed: 133.3 us
+    assert one.end_us[fwd] - one.start_us[fwd] == pytest.approx(100 / 0.75, rel=1e-3)
+    two = simulate_with_host_cpu(g, none, comm_wire_us=wire, concentration=2.0)
+    assert two.end_us[fwd] == pytest.approx(one.end_us[fwd])
+    # with 25 us of host CPU too (an eighth of a core): the host part doubles, the wire part does not:
+    # 100 / (1 - 1/8) = 114.3 us, host loss 14.3 x 2 = 28.6, plus the wire's 33.3: 161.9 us
+    cpu = np.where(g.kind == TaskKind.COMM, 25.0, 0.0)
+    both = simulate_with_host_cpu(g, cpu, comm_wire_us=wire, concentration=2.0)
+    assert both.end_us[fwd] - both.start_us[fwd] == pytest.approx(100 + 2 * (100 / 0.875 - 100) + 100 / 0.75 - 100,
+                                                                   rel=1e-3)  # fmt: skip
+    with pytest.raises(ValueError, match="comm_wire_us"):
+        simulate_with_host_cpu(g, none, comm_wire_us=np.zeros(1))

@@ -22,6 +22,12 @@ Model, both ways:
   ``L(t) = min(1/2, sum of u_k over the transfers running at t)`` is taken away from the compute
   threads (at most half a core: the fair scheduler splits a contended core evenly): a CPU task that
   needs ``b`` of CPU and starts at ``s`` lasts ``x = b + integral of L over [s, s + x]``;
+* *bytes on a shaped link slow computation* (``wire_cpu_us``): gloo's threads, TCP and the shaping
+  qdisc take ``w_k`` more of host CPU per transfer, measured by the machine calibration as the
+  computation each rank loses while both compute (``MachineCalibration.wire_cpu_us``: ~38 ns per
+  byte sent below ~250 Mbit/s on this host, ~8 ns at 1 Gbit/s, against the loopback line's 1 ns). It
+  loads the compute threads like ``c_k`` (``min(1, w_k / d_k)``, at most half a core), but once: it
+  is already what the rank that sets the step loses, so ``concentration`` does not scale it;
 * *computation slows communication*: gloo's threads wait for the scheduler when every core computes,
   so a transfer progresses ``sigma_k`` times slower (measured by the calibration with a compute thread
   on every rank) while the compute threads are busy: one that needs ``b`` and overlaps ``B`` of
@@ -102,12 +108,15 @@ def comm_slowdown_column(g: TaskGraph, slowdown: Callable[[float], float]) -> F6
 def simulate_contended(
     g: TaskGraph, cpu_us: Callable[[float], float], slowdown: Callable[[float], float] | None = None,
     *, helper_threads: tuple[str, ...] = (), concentration: float = 1.0,
+    wire_cpu_us: Callable[[float], float] | None = None,
 ) -> SimResult:  # fmt: skip
-    """``simulate_with_host_cpu`` with both columns derived from per-size functions (a calibration's
-    ``cpu_us`` and ``slowdown``); ``helper_threads`` and ``concentration``: see ``simulate_with_host_cpu``."""
+    """``simulate_with_host_cpu`` with the columns derived from per-size functions (a calibration's
+    ``cpu_us``, ``slowdown`` and ``wire_cpu_us``); ``helper_threads`` and ``concentration``: see
+    ``simulate_with_host_cpu``."""
     sigma = None if slowdown is None else comm_slowdown_column(g, slowdown)
+    wire = None if wire_cpu_us is None else comm_cpu_column(g, wire_cpu_us)
     return simulate_with_host_cpu(g, comm_cpu_column(g, cpu_us), comm_slowdown=sigma, helper_threads=helper_threads,
-                                  concentration=concentration)  # fmt: skip
+                                  concentration=concentration, comm_wire_us=wire)  # fmt: skip
 
 
 def simulate_with_host_cpu(
@@ -120,6 +129,7 @@ def simulate_with_host_cpu(
     corun_factor: float = 1.0,
     helper_threads: tuple[str, ...] = (),
     concentration: float = 1.0,
+    comm_wire_us: F64 | None = None,
 ) -> SimResult:
     """Replay ``g`` with communication tasks taking ``comm_cpu_us`` (per task; 0 for the rest) of host
     CPU from the compute threads they overlap, and running ``comm_slowdown`` times slower (per task,
@@ -135,7 +145,10 @@ def simulate_with_host_cpu(
     second thread of a rank gets no core of its own: its work delays the rank's computation.
     ``concentration`` (>= 1): how many ranks' worth of that lost time (transfers' CPU and helper threads)
     the compute tasks of the rank that sets the step absorb; 1 where every rank has cores of its own,
-    the number of ranks where they share a host's cores (module docstring)."""
+    the number of ranks where they share a host's cores (module docstring). ``comm_wire_us`` (per
+    task; None: none): more host CPU of the transfers, taken from the overlapping computation like
+    ``comm_cpu_us`` but not scaled by ``concentration`` (a shaped link's cost per byte, measured as
+    the rank that sets the step loses it)."""
     if not concentration >= 1.0:
         raise ValueError(f"concentration={concentration!r}; expected >= 1")
     cpu = np.asarray(comm_cpu_us, dtype=np.float64)
@@ -149,7 +162,10 @@ def simulate_with_host_cpu(
     working = (g.kind == TaskKind.CPU) | (g.kind == TaskKind.RUNTIME)  # not SYNC: waiting needs no CPU
     helper_res = np.array([r.name in helper_threads for r in g.resources], bool)[g.resource]
     helpers = np.flatnonzero(on_cpu & working & helper_res & (g.dur_us > 0))
-    comm = np.flatnonzero(((cpu > 0) | (sigma > 1)) & (g.kind == TaskKind.COMM) & (g.dur_us > 0))
+    wire = np.zeros(g.n_tasks) if comm_wire_us is None else np.asarray(comm_wire_us, dtype=np.float64)
+    if wire.shape != (g.n_tasks,):
+        raise ValueError(f"comm_wire_us has shape {wire.shape}, expected ({g.n_tasks},)")
+    comm = np.flatnonzero(((cpu > 0) | (wire > 0) | (sigma > 1)) & (g.kind == TaskKind.COMM) & (g.dur_us > 0))
     if not comm.size and not helpers.size and corun_factor <= 1.0:
         return res
     victims = np.flatnonzero(on_cpu & working & ~helper_res & (g.dur_us > 0))
@@ -164,6 +180,9 @@ def simulate_with_host_cpu(
             dur += stretched_us(res.start_us, base, hs, he, np.ones(helpers.size), victims, cap=1.0) - base
         if concentration > 1.0:  # the rank that sets the step loses ``concentration`` ranks' worth
             dur = base + concentration * (dur - base)
+        if wire[comm].any():  # the shaped link's cost: already the step-setting rank's, charged once
+            wire_share = np.minimum(1.0, wire[comm] / np.maximum(d, 1e-9))
+            dur += stretched_us(res.start_us, base, cs, ce, wire_share, victims) - base
         dur += corun_extra_us(res.start_us, res.end_us, g.resource, victims, corun_factor)
         # during the B us of its span in which the compute threads are busy, a transfer progresses at
         # 1/sigma of its speed: it lasts base + B (1 - 1/sigma)

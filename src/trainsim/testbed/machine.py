@@ -5,7 +5,7 @@
     >>> cal.allreduce_us(4 << 20, world=2, rate_mbit=100)   # doctest: +SKIP
 
 This is the model of *the host that runs the validations*, not of a GPU cluster: what-ifs for a
-cluster never read it. It holds three generic measurements, none of them a validated configuration:
+cluster never read it. It holds four generic measurements, none of them a validated configuration:
 
 1. **link**: gloo all-reduce, all-gather and one-way send of two ranks over loopback at a fixed grid
    of sizes (``GRID``): the host's per-message and per-byte cost of each; and all-reduces on a veth
@@ -17,7 +17,13 @@ cluster never read it. It holds three generic measurements, none of them a valid
 2. **host speed**: the time of a standard compute kernel (``kernel``: a single-thread float32 matmul)
    on one process;
 3. **co-run slowdown**: the same kernel's time when ``k`` processes run it at once, over running it
-   alone, for ``k`` in ``CORUN_PROCS``: what co-located ranks cost each other on this host.
+   alone, for ``k`` in ``CORUN_PROCS``: what co-located ranks cost each other on this host;
+4. **wire cost**: one-way sends of ``wirecost.WIRE_SIZES`` on veth links shaped to each rate of
+   ``WIRE_RATES_MBIT`` while both ranks run the standard kernel (``testbed.wirecost``): the computation
+   the two ranks lose per byte sent (``wire_us_per_byte``; ``wire_cpu_us`` charges it per byte a
+   rank sends, on top of the loopback line ``host_us``). On this host it is 5-40 times the loopback
+   line's per-byte cost and depends on the shaped rate (how the link cuts packets), not on how long
+   the transfer lasts.
 
 The file records the machine's identity (processor, cores, memory) and trainsim's version; another
 machine's or version's file is refused with a one-line error naming it (``--recalibrate`` replaces it).
@@ -31,14 +37,14 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainsim.errors import UserError
 
-FORMAT = 3
-"""version of the file layout"""
+FORMAT = 4
+"""version of the file layout (4: ``wire_rates_mbit``, ``wire_lost_us``, ``wire_us_per_byte``)"""
 GRID = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 """all-reduce sizes (bytes) of the link calibration: x8 apart, none of them a validated model's gradient"""
 CAL_RATES_MBIT = (60.0, 240.0)
@@ -47,6 +53,9 @@ fixed validation's rate (interpolated in log rate between them, held beyond them
 EFF_SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]
 """all-reduce sizes (bytes) on the shaped links (interpolated in log size, held beyond them)"""
 CORUN_PROCS = (2, 4)
+WIRE_RATES_MBIT = (60.0, 240.0, 500.0, 1200.0)
+"""the shaped links' rates of the wire pass: both sides of ``netns.gso_bytes``' switch to small GSO
+packets (~250 Mbit/s), none of them a fixed validation's rate (interpolated in log rate, held beyond)"""
 KERNEL_N = 256
 """the standard kernel: ``KERNEL_N`` x ``KERNEL_N`` float32 matmul on one thread"""
 
@@ -93,6 +102,13 @@ class MachineCalibration:
     load_avg: float
     """the host's 1-minute load average when the calibration started: other work running then is in
     every figure above (``calibrate_machine`` warns when it exceeds half the cores)"""
+    wire_rates_mbit: list[float] = field(default_factory=list)
+    """the shaped rates of the wire pass (empty when namespaces are unavailable)"""
+    wire_lost_us: list[list[float]] = field(default_factory=list)
+    """per rate: the computation one send of each of ``wirecost.WIRE_SIZES`` took, mean of the two ranks (µs)"""
+    wire_us_per_byte: list[float] = field(default_factory=list)
+    """per rate: the computation both ranks together lose per byte sent one way (µs/byte,
+    ``wirecost.lost_per_byte``)"""
 
     def efficiency(self, rate_mbit: float, wire_bytes: float = 1 << 20) -> float:
         """The fraction of ``rate_mbit`` a shaped link delivers to a transfer that puts ``wire_bytes`` on
@@ -147,6 +163,27 @@ class MachineCalibration:
             t += size_bytes * 8 / (rate_mbit * self.efficiency(rate_mbit, size_bytes))
         return t
 
+    def wire_cpu_us_per_byte(self, rate_mbit: float | None) -> float:
+        """The computation lost per byte sent one way on a link shaped to ``rate_mbit`` (sender and
+        receiver together): ``wire_us_per_byte`` interpolated in log rate, held beyond the measured
+        rates; 0 unshaped (``rate_mbit`` None: loopback, whose cost is in ``host_us``) or unmeasured."""
+        import numpy as np
+
+        if not rate_mbit or not self.wire_us_per_byte:
+            return 0.0
+        lr = np.log(np.asarray(self.wire_rates_mbit, dtype=float))
+        return float(np.interp(np.log(rate_mbit), lr, np.asarray(self.wire_us_per_byte, dtype=float)))
+
+    def wire_cpu_us(self, size_bytes: float, *, rate_mbit: float | None = None, world: int = 2) -> float:
+        """The computation a ring all-reduce of ``size_bytes`` among ``world`` ranks on a link shaped to
+        ``rate_mbit`` takes from each rank beyond the loopback line ``host_us``:
+        ``wire_cpu_us_per_byte`` for each byte the rank sends (``2(p-1)/p`` of the size; it receives as
+        many, so the pair's per-byte figure is the rank's: half as sender, half as receiver). Measured
+        with every rank computing, so it is what the rank that sets the step loses (an all-reduce
+        costs both ranks alike: at 400 Mbit/s the worse rank lost 0.51 of its core, the mean 0.505)."""
+        p = max(2, world)
+        return self.wire_cpu_us_per_byte(rate_mbit) * size_bytes * 2 * (p - 1) / p
+
     def slowdown(self, procs: int) -> float:
         """Co-run slowdown of ``procs`` processes computing at once (1 for one; the measured ``k`` at
         or above ``procs``, else the largest measured, scaled by procs / cores beyond it)."""
@@ -164,7 +201,8 @@ class MachineCalibration:
         return {"file": str(path), "created_at": self.created_at, "version": self.version, "load_avg": self.load_avg,
                 "link_efficiency": self.link_efficiency, "efficiency_grid": self.efficiency_grid,
                 "shaped_rates_mbit": self.shaped_rates_mbit, "kernel_ms": self.kernel_ms,
-                "corun_slowdown": self.corun_slowdown}  # fmt: skip
+                "corun_slowdown": self.corun_slowdown, "wire_rates_mbit": self.wire_rates_mbit,
+                "wire_us_per_byte": self.wire_us_per_byte}  # fmt: skip
 
 
 def identity() -> dict[str, Any]:
@@ -219,11 +257,12 @@ def load_machine(path: Path | None = None, *, recalibrate: bool = False, log: An
 
 # --------------------------------------------------------------------------- measuring
 def calibrate_machine(*, log: Any = None) -> MachineCalibration:
-    """Measure the three generic workloads (about a minute)."""
+    """Measure the four generic workloads (about two minutes)."""
     import numpy as np
 
     from trainsim.testbed.calibrate import calibrate
     from trainsim.testbed.netns import netns_unavailable
+    from trainsim.testbed.wirecost import WIRE_SIZES, lost_per_byte
 
     say = log or (lambda s: None)
     load = os.getloadavg()[0]
@@ -250,6 +289,11 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
             nominal = eff_sizes * 8 / rate  # us at the nominal rate (2 ranks: each sends the size once)
             grid.append([round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])
     eff = float(np.median(grid)) if grid else 1.0
+    wire_rates = list(WIRE_RATES_MBIT) if rates else []
+    wire_lost: list[list[float]] = []
+    for rate in wire_rates:
+        say(f"machine calibration: sends while both ranks compute, on a link shaped to {rate:g} Mbit/s")
+        wire_lost.append([round(x, 2) for x in _wire_lost_us(rate)])
     ag = np.array(loop.allgather_measured_us, dtype=float)
     pp = np.array(loop.p2p_oneway_us, dtype=float)
     say("machine calibration: standard kernel alone and co-run")
@@ -266,8 +310,22 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
         efficiency_grid=grid, link_efficiency=round(eff, 4),
         allgather_loopback_us=[round(float(x), 2) for x in ag], allgather_line=_line(sizes, ag),
         p2p_loopback_us=[round(float(x), 2) for x in pp], p2p_line=_line(sizes, pp),
-        kernel_ms=round(alone, 4), corun_slowdown=corun, load_avg=round(load, 2),
+        kernel_ms=round(alone, 4), corun_slowdown=corun, load_avg=round(load, 2), wire_rates_mbit=wire_rates,
+        wire_lost_us=wire_lost, wire_us_per_byte=[lost_per_byte(WIRE_SIZES, w) for w in wire_lost],
     )  # fmt: skip
+
+
+def _wire_lost_us(rate_mbit: float) -> list[float]:
+    """One launch of the wire pass (``testbed.wirecost``) on two namespaces joined by a link shaped to
+    ``rate_mbit``: per size of ``WIRE_SIZES``, the computation one send took (µs, mean of the ranks)."""
+    from trainsim.testbed.launch import launch
+    from trainsim.testbed.netns import Netns
+    from trainsim.testbed.wirecost import WINDOW_S, WIRE_SIZES
+
+    args = ["-m", "trainsim.testbed.wirecost", "--worker", ",".join(map(str, WIRE_SIZES)), str(WINDOW_S)]
+    with Netns(2, rate_mbit=rate_mbit) as net:
+        out = launch(2, args, net=net, timeout_s=300)
+    return [float(x) for x in json.loads(out[0].strip().splitlines()[-1])["lost_us"]]
 
 
 def _line(x: Any, y: Any) -> tuple[float, float]:

@@ -25,6 +25,13 @@ def _grid_text(cal: MachineCalibration) -> str:
     return f"{'; '.join(rows)} at {sizes}"
 
 
+def _wire_text(cal: MachineCalibration) -> str:
+    """``wire_us_per_byte`` in one line: per rate, ns per byte."""
+    if not cal.wire_us_per_byte:
+        return "not measured"
+    return ", ".join(f"{r:g} Mbit/s {1e3 * w:.1f} ns" for r, w in zip(cal.wire_rates_mbit, cal.wire_us_per_byte, strict=True))
+
+
 @click.command("calibrate")
 @click.option("--file", "file", type=click.Path(dir_okay=False), default=None,
               help="Calibration file (default ~/.cache/trainsim/machine.json).")
@@ -46,4 +53,4 @@ def calibrate_command(file: str | None, recalibrate: bool, as_json: bool) -> Non
     click.echo(f"{'measured' if fresh else 'loaded'} {path} ({cal.created_at}): all-reduce host cost "
                f"{cal.host_a_us:.0f} us + {cal.host_b_us_per_byte * 1e3:.3f} us/KB, a shaped link delivers "
                f"{100 * cal.link_efficiency:.0f} % of its rate (median; {_grid_text(cal)}), standard kernel {cal.kernel_ms:.3f} ms, co-run "
-               f"slowdown {cal.corun_slowdown}")  # fmt: skip
+               f"slowdown {cal.corun_slowdown}, computation lost per byte sent on a shaped link {_wire_text(cal)}")  # fmt: skip

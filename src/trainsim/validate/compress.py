@@ -17,8 +17,9 @@ The protocol of ``trainsim.validate.protocol``, as ``validate dp``:
    (``transform.compression.compression``; plain DDP: ``validate.dp.predict_ms``) with every
    collective, all-gather and send timed by the machine calibration's model at the link's rate and
    latency, the computation and the codec ``MachineCalibration.slowdown(2)`` slower (two ranks share
-   this host), the transfers' host CPU (the loopback host cost) charged to the computation they
-   overlap; a ``plan`` configuration's SeCoPa plan (PS) is made here, from the same costs;
+   this host), the transfers' host CPU (the loopback host cost, and a shaped link's cost per byte)
+   charged to the computation they overlap; a ``plan`` configuration's SeCoPa plan (PS) is made here,
+   from the same costs;
 4. **measure**: real 2-process DDP with ``trainsim.run.hooks`` (this module's worker) on a shaped link
    per run, ``--passes`` passes interleaved; the ranks' threads' CPU and run-queue waits
    (``run.ranks.ThreadClock``) go to each run's ``diagnostics``, never to a prediction.
@@ -247,7 +248,8 @@ def predict_ms(prof: Profile, c: RunConfig, mcal: Any, cost: Any, shapes: dict[s
         allgather_time=lambda s: float(mcal.allgather_us(s, world=WORLD, rate_mbit=c.rate_mbit, delay_ms=c.delay_ms)),
         p2p=p2p, duplex=1.0, ps_lines=(p2p, p2p), xfer_cpu=(a, b),
     )  # fmt: skip
-    res = simulate_contended(g2, mcal.host_us, None, helper_threads=(CALLBACK_THREAD,), concentration=float(WORLD))
+    res = simulate_contended(g2, mcal.host_us, None, helper_threads=(CALLBACK_THREAD,), concentration=float(WORLD),
+                             wire_cpu_us=dp.wire_cpu(mcal, c.rate_mbit, WORLD))  # fmt: skip
     return {"predicted_ms": round(dp_step_ms(res.step_ms, "ddp"), 3),
             "parts": {"corun_slowdown": round(f, 4), "straggler_ms": round(wait_ms, 3),
                       "codec_enc_us_per_mi": round(cost.enc_us(1 << 20), 1),

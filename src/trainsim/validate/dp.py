@@ -278,6 +278,12 @@ def comm_model(mcal: Any, cfg: RunConfig) -> Callable[[float], float]:
     return lambda b: float(mcal.allreduce_us(b, world=cfg.world, rate_mbit=cfg.rate_mbit, delay_ms=cfg.delay_ms))
 
 
+def wire_cpu(mcal: Any, rate_mbit: float | None, world: int) -> Callable[[float], float]:
+    """Computation (us) a collective of S bytes takes from a rank on a link shaped to ``rate_mbit``,
+    beyond the loopback line (``MachineCalibration.wire_cpu_us``)."""
+    return lambda b: float(mcal.wire_cpu_us(b, rate_mbit=rate_mbit, world=world))
+
+
 def predict_ms(prof: Profile, cfg: RunConfig, mcal: Any) -> dict[str, Any]:
     """The predicted steady-state step of ``cfg`` from the one-process profile and the machine
     calibration ``mcal`` (``testbed.machine.MachineCalibration``) only:
@@ -286,8 +292,10 @@ def predict_ms(prof: Profile, cfg: RunConfig, mcal: Any) -> dict[str, Any]:
     2. the runtime's own host work (one process alone) at that speed, plus the wait for the slowest
        rank: ``straggler_ms`` of ``world`` ranks drawing from the one process's step times, scaled;
     3. collectives from ``mcal.allreduce_us`` at the link's rate, latency and world (P3's agreement
-       round: a tiny all-reduce, where the runtime agrees by rounds); their host CPU (``mcal.host_us``,
-       the loopback cost) taken from overlapping computation, every rank's (``concentration=world``);
+       round: a tiny all-reduce, where the runtime agrees by rounds); their host CPU taken from
+       overlapping computation: the loopback cost (``mcal.host_us``), every rank's
+       (``concentration=world``), and the shaped link's cost per byte sent (``mcal.wire_cpu_us``),
+       measured as the rank that sets the step loses it;
     4. ``data_parallel`` + ``simulate_contended``; the median simulated step (``dp_step_ms``).
 
     Returns ``predicted_ms`` and the parts it was made of."""
@@ -311,7 +319,8 @@ def predict_ms(prof: Profile, cfg: RunConfig, mcal: Any) -> dict[str, Any]:
     round_us = one_round if cfg.mode == "p3" and rounds else 0.0
     g = data_parallel(graph, prof.params, prof.layers, dpc, comm_us=lambda b: comm_us(b) + round_us,
                       broadcast_us=lambda b: comm_us(b) / 2)  # fmt: skip
-    res = simulate_contended(g, mcal.host_us, None, concentration=float(cfg.world))
+    res = simulate_contended(g, mcal.host_us, None, concentration=float(cfg.world),
+                             wire_cpu_us=wire_cpu(mcal, cfg.rate_mbit, cfg.world))  # fmt: skip
     return {"predicted_ms": round(dp_step_ms(res.step_ms, cfg.mode), 3), "agree_rounds": rounds,
             "parts": {"corun_slowdown": round(f, 4), "straggler_ms": round(wait_ms, 3),
                       "runtime_ms": round(runtime_ms * f, 3), "round_us": round(one_round, 1) if rounds else 0.0,

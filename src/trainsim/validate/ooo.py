@@ -12,7 +12,7 @@ The protocol of ``trainsim.validate.protocol``, per configuration ``(model, link
    ``transform.ooo.search_k``) with ``transform.ooo.predict_dp`` from that profile and the machine
    calibration only (``testbed.machine``; ``predict_case``): every all-reduce costs
    ``MachineCalibration.allreduce_us`` at the link's rate and latency, its host work
-   (``MachineCalibration.host_us``) is taken from the rank's computation while they overlap, and the
+   (``MachineCalibration.host_us``, and a shaped link's cost per byte sent, ``wire_cpu_us``) is taken from the rank's computation while they overlap, and the
    computation of the two ranks that share this host runs ``MachineCalibration.slowdown(2)`` slower;
 3. **freeze** every prediction in the result file (``predictions_frozen_at``);
 4. **measure** with ``trainsim.run.ooo_dp`` (one gloo process per network namespace, the link shaped
@@ -143,6 +143,10 @@ def profile_case(case: OooCase) -> LayerProfile:
     return profile_layers(case.model, batch_sizes=(case.batch_size,), reps=20, zoo=case.zoo())
 
 
+def _wire_cpu(mc: MachineCalibration, rate_mbit: float | None, size_bytes: float) -> float:
+    return mc.wire_cpu_us(size_bytes, rate_mbit=rate_mbit, world=RANKS)
+
+
 def predict_case(case: OooCase, prof: LayerProfile, mc: MachineCalibration) -> list[dict[str, Any]]:
     """The frozen rows of ``case``: k = 0 and the case's k (the simulator's best when None; one row when
     that is 0), each ``{"k", "predicted_ms"}`` plus the model's terms. Reads nothing but the profile,
@@ -156,7 +160,8 @@ def predict_case(case: OooCase, prof: LayerProfile, mc: MachineCalibration) -> l
         return mc.allreduce_us(size, world=RANKS, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms)
 
     host = HostTerms(factor=mc.slowdown(RANKS))
-    replay = partial(simulate_contended, cpu_us=mc.host_us)  # the all-reduces' host CPU, taken from compute
+    # the all-reduces' host CPU (loopback line + the shaped link's cost per byte), taken from compute
+    replay = partial(simulate_contended, cpu_us=mc.host_us, wire_cpu_us=partial(_wire_cpu, mc, case.rate_mbit))
     bs = case.batch_size
     if case.k is None:
         k, _ = search_k(prof, bs, comm, replay, host)

@@ -14,8 +14,9 @@ microbatches, model, link)``:
 2. **predict** each configuration by replaying the lowered action order of the schedule
    (``transform.pipeline.predict_pipeline``; the stage split is the plan's, ``choose_split``) with a
    link taken from the machine calibration alone (``pipe_link``): the host work of one message,
-   the calibration's one-way send line over loopback (``MachineCalibration.p2p_line``), half on the
-   sender's thread and half on the receiver's; the bytes at the link's rate times the delivered
+   the calibration's one-way send line over loopback (``MachineCalibration.p2p_line``) plus, on a
+   shaped link, the computation lost per byte sent (``MachineCalibration.wire_cpu_us_per_byte``), half
+   on the sender's thread and half on the receiver's; the bytes at the link's rate times the delivered
    fraction of a shaped link (``efficiency``, at 1 MB) and the link's latency in flight; and the two ranks
    that share this host computing ``MachineCalibration.slowdown(2)`` slower while both compute;
 3. **freeze** every prediction in the result file (``predictions_frozen_at``);
@@ -134,13 +135,15 @@ def draw_case(seed: int, quick: bool) -> PipeCase:
 # --------------------------------------------------------------------------- prediction
 def pipe_link(mc: MachineCalibration, rate_mbit: float | None, delay_ms: float) -> Link:
     """A point-to-point link from the machine calibration alone (module docstring, step 2): per message
-    the one-way send line's host work, half on each end's thread; latency and bytes on the wire."""
+    the one-way send line's host work and, on a shaped link, the computation lost per byte sent
+    (``MachineCalibration.wire_cpu_us_per_byte``), half on each end's thread; latency and bytes on the wire."""
     from trainsim.transform.pipeline import Link
 
     a, b = mc.p2p_line
     us_per_byte = 8 / (rate_mbit * mc.efficiency(rate_mbit)) if rate_mbit else 0.0
     bw_gbps = 8 / (us_per_byte * 1e3) if us_per_byte > 0 else 1e6  # unshaped: the host's work is the cost
-    return Link(bw_gbps=bw_gbps, latency_us=delay_ms * 1e3, cpu_us=a / 2, cpu_us_per_byte=b / 2)
+    wire = mc.wire_cpu_us_per_byte(rate_mbit)
+    return Link(bw_gbps=bw_gbps, latency_us=delay_ms * 1e3, cpu_us=a / 2, cpu_us_per_byte=(b + wire) / 2)
 
 
 @dataclass(frozen=True, slots=True)
