@@ -16,9 +16,11 @@ import gc
 import gzip
 import math
 import re
+import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import compress, repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -112,52 +114,81 @@ def _read_trace(p: Path) -> Trace:
     raw_events = doc["traceEvents"]
     if not isinstance(raw_events, list):
         raise UserError(f"{p}: 'traceEvents' is {type(raw_events).__name__}; expected a list of events")
-    if not all(type(e) is dict for e in raw_events):
+    if not set(map(type, raw_events)) <= {dict}:
         i = next(i for i, e in enumerate(raw_events) if type(e) is not dict)
         raise UserError(f"{p}: traceEvents[{i}] is {type(raw_events[i]).__name__}; expected an object")
-    pos = [i for i, e in enumerate(raw_events) if e.get("ph") == "X"]
+    empty: dict[str, Any] = {}  # the args of every event that has none
+    (pos, ts, dur, names, cats, args, pids, tids), field_types = _complete_columns(raw_events, empty)
     if not pos:
         raise UserError(f"{p}: the trace has no complete ('ph': 'X') events; nothing to replay")
-    complete = [raw_events[i] for i in pos]
     # Columns first, checked as wholes; an event-by-event pass runs only to word an error.
-    ts = [e.get("ts") for e in complete]
-    dur = [e.get("dur", 0.0) for e in complete]
-    names = [e.get("name") for e in complete]
-    cats = [e.get("cat", "") for e in complete]
-    args = [e.get("args") for e in complete]
-    pids = [e.get("pid", 0) for e in complete]
-    tids = [e.get("tid", 0) for e in complete]
-    numbers = {int, float}
-    ok = (
-        set(map(type, ts)) <= numbers
-        and set(map(type, dur)) <= numbers
-        and set(map(type, names)) <= {str}
-        and set(map(type, cats)) <= {str}
-        and set(map(type, args)) <= {dict, type(None)}
-        and set(map(type, pids)) <= set(_ID_TYPES)
-        and set(map(type, tids)) <= set(_ID_TYPES)
-    )
+    numbers, ids, arg_types = {int, float}, set(_ID_TYPES), {dict, type(None)}
+    ok = all(
+        t_ts in numbers and t_dur in numbers and t_name is str and t_cat is str and t_args in arg_types
+        and t_pid in ids and t_tid in ids
+        for t_ts, t_dur, t_name, t_cat, t_args, t_pid, t_tid in field_types
+    )  # fmt: skip
     ts_a = np.asarray(ts, np.float64) if ok else None
     dur_a = np.asarray(dur, np.float64) if ok else None
     if not ok or ts_a is None or dur_a is None or not (
         np.isfinite(ts_a).all() and np.isfinite(dur_a).all() and (dur_a >= 0).all() and (dur_a <= MAX_DUR_US).all()
     ):
-        _explain(p, pos, complete)
+        _explain(p, pos, [raw_events[i] for i in pos])
         raise AssertionError("a column check failed but no event was found at fault")  # pragma: no cover
     base = float(ts_a.min())
-    rel = (ts_a - base).tolist()
-    end = (ts_a - base + dur_a).tolist()
+    rel_a = ts_a - base
+    rel = rel_a.tolist()
+    end = (rel_a + dur_a).tolist()
     durf = dur_a.tolist()
-    empty: dict[str, Any] = {}
-    args = [a if a is not None else empty for a in args]
-    events = list(map(Event, pos, cats, names, pids, tids, rel, durf, args, end))
+    if any(k[4] is type(None) for k in field_types):  # "args": null
+        args = [a if a is not None else empty for a in args]
+    # tuple.__new__ fills each Event from its row in C; Event(...) would run a Python frame per event
+    rows = zip(pos, cats, names, pids, tids, rel, durf, args, end, strict=True)
+    events: list[Event] = list(map(tuple.__new__, repeat(Event), rows))
     need_corr = RUNTIME_CATS | GPU_CATS
-    if any(c in need_corr and "correlation" not in a for c, a in zip(cats, args, strict=True)):
+    corr_args = compress(args, map(need_corr.__contains__, cats))
+    if not all(map(dict.__contains__, corr_args, repeat("correlation"))):
         flow_events = [e for e in raw_events if e.get("ph") in ("s", "f")]
         if flow_events:
             events = _correlate_by_flows(events, flow_events, base)
     meta = {k: v for k, v in doc.items() if k != "traceEvents"}
     return Trace(str(p), events, base, meta)
+
+
+def _complete_columns(
+    raw_events: list[dict[str, Any]], empty: dict[str, Any]
+) -> tuple[tuple[list[Any], ...], set[tuple[type, ...]]]:
+    """``(pos, ts, dur, name, cat, args, pid, tid)`` of the complete events, unchecked, with the defaults
+    of a missing field (``args``: ``empty``), and the distinct rows of those fields' types (ts to tid).
+
+    One pass that reads an event's fields together: the event dicts lie all over memory, and a
+    ``map(dict.get, ...)`` pass per field, then one ``set(map(type, ...))`` per column, took twice as
+    long on a 200k-event trace (cache misses). Names and categories come out as one string object per
+    distinct text (categories: the interned literals of this module), so that every later lookup of a
+    name compares pointers rather than characters, and the parsed copies are freed with the JSON.
+    """
+    cols: tuple[list[Any], ...] = tuple([] for _ in range(8))
+    add_pos, add_ts, add_dur, add_name, add_cat, add_args, add_pid, add_tid = (c.append for c in cols)
+    field_types: set[tuple[type, ...]] = set()
+    add_field_types = field_types.add
+    canonical: dict[str, str] = {}
+    same_name = canonical.setdefault
+    intern = sys.intern
+    for i, e in enumerate(raw_events):
+        get = e.get
+        if get("ph") == "X":
+            ts, dur, name, cat = get("ts"), get("dur", 0.0), get("name"), get("cat", "")
+            args, pid, tid = get("args", empty), get("pid", 0), get("tid", 0)
+            add_field_types((type(ts), type(dur), type(name), type(cat), type(args), type(pid), type(tid)))
+            add_pos(i)
+            add_ts(ts)
+            add_dur(dur)
+            add_name(same_name(name, name) if type(name) is str else name)
+            add_cat(intern(cat) if type(cat) is str else cat)
+            add_args(args)
+            add_pid(pid)
+            add_tid(tid)
+    return cols, field_types
 
 
 def _explain(p: Path, pos: list[int], complete: list[dict[str, Any]]) -> None:

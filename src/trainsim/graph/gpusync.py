@@ -54,7 +54,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from trainsim.capture.kineto import STEP_RX, Event, Trace
+from trainsim.capture.kineto import STEP_RX, Event
 from trainsim.graph.ir import GAP, EdgeKind, GraphBuilder, ResourceKind, TaskGraph, TaskKind
 
 DEVICE_SYNC_RX = re.compile(r"^(cuda|hip)DeviceSynchronize$|^cuCtxSynchronize$")
@@ -86,7 +86,7 @@ class _CallSeg(Protocol):
 
 def add_syncs(
     b: GraphBuilder,
-    tr: Trace,
+    sync_events: Sequence[Event],
     runtime_tasks: Sequence[tuple[_CallSeg, int, tuple[Any, Any]]],
     launch_src: list[int],
     launch_dst: list[int],
@@ -95,19 +95,37 @@ def add_syncs(
 ) -> None:
     """Add the ``LAUNCH`` edges (with their latency) and every GPU wait of the module docstring.
 
-    ``runtime_tasks``: (segment, task, thread) of every runtime call; ``launch_src/dst``: call ->
-    GPU task pairs; ``gpu_info``: (task, stream resource name, start, end) of every GPU task.
+    ``sync_events``: the trace's ``cuda_sync`` events; ``runtime_tasks``: (segment, task, thread) of
+    every runtime call; ``launch_src/dst``: call -> GPU task pairs; ``gpu_info``: (task, stream resource
+    name, start, end) of every GPU task.
     """
     info = {t: (rn, ts, end) for t, rn, ts, end in gpu_info}
     dur_col, name_col = b.cols["dur_us"], b.cols["name"]
     calls = sorted(runtime_tasks, key=lambda x: (x[0].t0, x[1]))
     n = len(calls)
-    t0 = [s.t0 for s, _, _ in calls]
-    t1 = [s.t1 for s, _, _ in calls]
-    names = [s.event.name if s.event is not None else "" for s, _, _ in calls]
-    tids = [t for _, t, _ in calls]
-    corr = [s.event.args.get("correlation") if s.event is not None else None for s, _, _ in calls]
-    own = [gpu_by_corr.get(c, -1) if type(c) is int else -1 for c in corr]
+    # the calls' columns, in one pass (each segment and event is read once), and each thread's calls
+    t0: list[float] = []
+    t1: list[float] = []
+    names: list[str] = []
+    tids: list[int] = []
+    corr: list[Any] = []
+    own: list[int] = []  # the GPU task a call launched, -1 none
+    by_thread: dict[tuple[Any, Any], list[int]] = defaultdict(list)
+    for i, (s, tid, k) in enumerate(calls):
+        t0.append(s.t0)
+        t1.append(s.t1)
+        tids.append(tid)
+        by_thread[k].append(i)
+        e = s.event
+        if e is None:
+            names.append("")
+            corr.append(None)
+            own.append(-1)
+            continue
+        c = e.args.get("correlation")
+        names.append(e.name)
+        corr.append(c)
+        own.append(gpu_by_corr.get(c, -1) if type(c) is int else -1)
 
     # ---------------------------------------------------------------- 2. the launch queue
     queue_rel = [-1] * n  # the GPU task whose end frees this launch's queue slot
@@ -130,15 +148,12 @@ def add_syncs(
         k = bisect.bisect_left(launch_t, t) - 1
         return snapshots[k] if k >= 0 else {}
 
-    sync_stream = _sync_streams(tr)
+    sync_stream = _sync_streams(sync_events)
     role = {nm: _role(nm) for nm in set(names)}
     deps: list[list[int] | None] = [None] * n  # GPU tasks a waiting call waits for
     is_copy = [False] * n
     must = [True] * n  # False: depend only where the trace shows the call blocked (allocator)
     gpu_waits: set[int] = set()  # GPU tasks that wait for another stream (cudaStreamWaitEvent)
-    by_thread: dict[tuple[Any, Any], list[int]] = defaultdict(list)
-    for i, (_, _, k) in enumerate(calls):
-        by_thread[k].append(i)
     for idx in by_thread.values():
         recorded: int | None = None  # the task the thread's latest cudaEventRecord marks
         pending_record: dict[str, int] | None = None
@@ -333,8 +348,10 @@ def _queue_depth(
     starts = np.array([t0[i] for i in idx])
     dur = np.array([t1[i] - t0[i] for i in idx])
     outstanding = np.arange(len(idx)) - np.searchsorted(np.sort(ends), starts, side="right")
-    low = {k: float(np.percentile(dur[[names[i] == k for i in idx]], 10)) for k in {names[i] for i in idx}}
-    long = dur > np.array([3 * low[names[i]] + 20.0 for i in idx])
+    code_of: dict[str, int] = {}
+    code = np.array([code_of.setdefault(names[i], len(code_of)) for i in idx], np.int64)  # name, numbered
+    low = np.array([np.percentile(dur[code == k], 10) for k in range(len(code_of))])  # per name
+    long = dur > 3 * low[code] + 20.0
     hits = Counter(int(x) for x in outstanding[long] if x >= MIN_QUEUE_DEPTH)
     if not hits:
         return DEFAULT_QUEUE_DEPTH
@@ -343,10 +360,10 @@ def _queue_depth(
     return q if near >= 3 else DEFAULT_QUEUE_DEPTH
 
 
-def _sync_streams(tr: Trace) -> dict[int, str]:
+def _sync_streams(sync_events: Sequence[Event]) -> dict[int, str]:
     """Correlation id -> stream resource of Kineto's ``cuda_sync`` events (which name the stream)."""
     out: dict[int, str] = {}
-    for e in tr.events:
+    for e in sync_events:
         if e.cat == "cuda_sync":
             c, s = e.args.get("correlation"), e.args.get("stream")
             if type(c) is int and s is not None and s != -1:
