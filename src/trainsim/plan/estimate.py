@@ -285,7 +285,7 @@ def unit_table(
     if fp8 and not gpu.fp8_tflops:
         raise UserError(f"--precision fp8: {gpu.name} has no FP8 tensor cores (Hopper: h100, h800, h200)")
     costs = model.layer_costs(mb=mb, tp=tp, sp=sp, cp=cp, ep=ep, eager=eager)
-    times = [layer_time(c, gpu, eff, fp8, attn, eager) for c in costs]
+    times = [layer_time(c, gpu, eff, fp8, attn) for c in costs]
     is_block = np.array([c.act_bytes[2] < c.act_bytes[0] for c in costs])
     flash = isinstance(model, Transformer) and model.flash_attention
     return UnitTable(

@@ -126,7 +126,7 @@ def gemm_efficiency(flops: float, eff: Efficiency) -> float:
     return eff.gemm_max * x / (x + eff.gemm_half_gflop)
 
 
-def op_time_s(op: Op, gpu: Gpu, eff: Efficiency, fp8: bool = False, attn: str = "auto", eager: bool = False) -> float:
+def op_time_s(op: Op, gpu: Gpu, eff: Efficiency, fp8: bool = False, attn: str = "auto") -> float:
     """Forward time of one operator on ``gpu`` (seconds).
 
     ``fp8``: linear layers (GEMM kind) run on the FP8 tensor cores at ``fp8_tflops`` times the 16-bit
@@ -136,8 +136,8 @@ def op_time_s(op: Op, gpu: Gpu, eff: Efficiency, fp8: bool = False, attn: str = 
     Engine's FP8 recipes. The pass is charged whether the cast is a kernel of its own (``te.Linear``) or
     fused into the norm before it (LayerNormLinear, torch.compile): the development set does not support
     dropping it for fused stacks (docs/log/plan.md, 2026-11-29).
-    ``attn``: the fused attention kernel (``ATTN_KERNELS``). ``eager`` is accepted for the layer cache key;
-    the eager elementwise bytes are in the operators themselves (``workload``).
+    ``attn``: the fused attention kernel (``ATTN_KERNELS``). Eager elementwise kernels are priced through
+    their operators' bytes (``workload``).
     """
     bw = gpu.hbm_gbps * 1e9 * eff.mem
     t_mem = op.bytes / bw
@@ -172,13 +172,11 @@ class LayerTime:
     core_fwd: float  # forward time of the attention core (what selective recomputation repeats)
 
 
-_LAYER_CACHE: dict[tuple[int, Gpu, Efficiency, bool, str, bool], tuple[LayerCost, LayerTime]] = {}
+_LAYER_CACHE: dict[tuple[int, Gpu, Efficiency, bool, str], tuple[LayerCost, LayerTime]] = {}
 
 
-def layer_time(
-    layer: LayerCost, gpu: Gpu, eff: Efficiency, fp8: bool = False, attn: str = "auto", eager: bool = False
-) -> LayerTime:
-    key = (id(layer), gpu, eff, fp8, attn, eager)
+def layer_time(layer: LayerCost, gpu: Gpu, eff: Efficiency, fp8: bool = False, attn: str = "auto") -> LayerTime:
+    key = (id(layer), gpu, eff, fp8, attn)
     hit = _LAYER_CACHE.get(key)
     if hit is not None and hit[0] is layer:
         return hit[1]
@@ -187,7 +185,7 @@ def layer_time(
     if any(op.kind == OpKind.FLASH for op in layer.ops):
         flash_bwd = attn_kernel_util(attn, gpu) / attn_kernel_util(attn, gpu, backward=True)
     for op in layer.ops:
-        t = op_time_s(op, gpu, eff, fp8, attn, eager)
+        t = op_time_s(op, gpu, eff, fp8, attn)
         fwd += t
         bwd += t * op.bwd * (flash_bwd if op.kind == OpKind.FLASH else 1.0)
         if op.core:
