@@ -564,7 +564,7 @@ def _coll_vec(moved: np.ndarray, bw_gbps: float, nv: bool, n: int, eff: Efficien
     return np.where(moved > 0, moved / (bw_gbps * 1e9 * e) + lat, 0.0)
 
 
-def _a2a_stage_s(sent: np.ndarray, cnt: np.ndarray, ep: int, per_node: int, grp: NodeGroup, eff: Efficiency) -> float:
+def a2a_stage_s(sent: np.ndarray, cnt: np.ndarray, ep: int, per_node: int, grp: NodeGroup, eff: Efficiency) -> float:
     """Seconds of ``cnt[l]`` all-to-alls of ``sent[l]`` bytes per layer (layers share a few sizes)."""
     sizes, inv = np.unique(sent, return_inverse=True)
     nic = grp.inter_node_gbps(-(-ep // per_node))
@@ -649,7 +649,7 @@ def _stage_time(
         per_node = min(s.ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
         cnt = tab.a2a_count[lo:hi] * (fwd_passes + 1)
         sent = tab.a2a_bytes[lo:hi]
-        t_ep = _a2a_stage_s(sent, cnt, s.ep, per_node, grp, eff)
+        t_ep = a2a_stage_s(sent, cnt, s.ep, per_node, grp, eff)
         where = "within a node" if per_node >= s.ep else f"{per_node} per node, the rest over the NIC"
         if want:
             terms.append(Term("ep_comm", t_ep, t_ep, float(cnt.sum()), float(sent.max()), "nvlink+network",

@@ -47,7 +47,6 @@ import numba
 import numpy as np
 
 from trainsim.errors import UserError
-from trainsim.plan.comm import all_to_all_s
 from trainsim.plan.devices import Cluster, NodeGroup
 from trainsim.plan.estimate import (
     PLACEMENTS,
@@ -56,6 +55,7 @@ from trainsim.plan.estimate import (
     Stages,
     Strategy,
     UnitTable,
+    a2a_stage_s,
     estimate,
     group_bw,
     ring_allreduce_s,
@@ -151,11 +151,7 @@ def _a2a_bound(tab: UnitTable, a: int, b: int, ep: int, stride: int, grp: NodeGr
     if ep <= 1:
         return 0.0
     per_node = min(ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
-    sent, cnt = tab.a2a_bytes[a:b], 2 * tab.a2a_count[a:b]
-    sizes, inv = np.unique(sent, return_inverse=True)
-    nic = grp.inter_node_gbps(-(-ep // per_node))
-    one = np.array([all_to_all_s(float(x), ep, per_node, grp.gpu.nvlink_gbps, nic, eff) for x in sizes])
-    return float(np.dot(cnt, one[inv]))
+    return a2a_stage_s(tab.a2a_bytes[a:b], 2 * tab.a2a_count[a:b], ep, per_node, grp, eff)
 
 
 def _ep_choices(model: Model, space: Space, dp: int) -> list[int]:
