@@ -1,8 +1,9 @@
 """traced_run's handling of a rank that torch aborts, and where it runs the ranks (no real processes:
-run_workers is replaced)."""
+run_workers is replaced); the workers' allocator setting (in a subprocess)."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,35 @@ def test_a_bad_min_timed_s_is_named(bad: float) -> None:
 
     with pytest.raises(UserError, match="min_timed_s"):
         traced.TracedRunConfig(min_timed_s=bad)
+
+
+_FAULTS = """
+import resource, sys
+import numpy as np
+from trainsim.run.traced import keep_freed_memory
+said = keep_freed_memory() if sys.argv[1] == "keep" else "default"
+np.ones(10_000_000, dtype=np.float32)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    a = np.ones(10_000_000, dtype=np.float32)  # 40 MB, above glibc's largest dynamic mmap threshold (32 MB)
+    del a
+print(said, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc (Linux)")
+def test_a_worker_reuses_freed_memory_instead_of_faulting_it_in_every_step() -> None:
+    """The default allocator maps each 40 MB block afresh and faults it in again (10,000 pages of 4 KiB, or
+    20 huge pages, per block); after keep_freed_memory a freed block is the next one's memory: no faults."""
+    import subprocess
+    import sys
+
+    def faults(mode: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True)
+        said, n = out.stdout.rsplit(maxsplit=1)
+        return said, int(n)
+
+    said, kept = faults("keep")
+    assert said == "glibc: mmap off, no trim" and kept < 10
+    said, default = faults("default")
+    assert said == "default" and default >= 10 * 20  # the cost the worker no longer pays in every step

@@ -143,6 +143,32 @@ def test_predictions_are_on_disk_before_any_second_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("kind", "replayed", "whatif", "expected"),
+    [
+        # the traced steps replay 20 ms for a timed 15 ms: the profiler's overhead; the what-if halves them
+        ("fused-adam", [20.0, 21.0, 19.0], [10.0, 10.5, 9.5], 7.5),  # its work is traced work: 15 x 0.5
+        ("batch", [20.0, 20.0, 20.0], [50.0, 50.0, 50.0], 37.5),  # 15 x 2.5
+        ("network", [200.0, 210.0], [100.0, 108.0], 79.0),  # link time is not lengthened: 180 - 101
+    ],
+)
+def test_the_simulated_change_is_anchored_on_the_timed_step(
+    kind: str, replayed: list[float], whatif: list[float], expected: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    import trainsim.simulate.engine as engine
+
+    monkeypatch.setattr(wi, "whatif_graph", lambda pair, trace: ("replay", "whatif"))
+    steps = {"replay": np.array(replayed), "whatif": np.array(whatif)}
+    monkeypatch.setattr(engine, "simulate", lambda g: SimpleNamespace(step_ms=steps[g]))
+    pair = next(p for p in wi.fixed_pairs(quick=True) if p.kind == kind)
+    base = 180.0 if kind == "network" else 15.0
+    pred = wi.predict_pair(pair, {"rank_step_ms": [[base - 1, base, base + 1]], "traces": ["rank0.json.gz"]})
+    assert pred["predicted_ms"] == pytest.approx(expected) and pred["anchor"] == wi.ANCHOR[kind]
+    assert pred["simulated_ms"] == pytest.approx(float(np.median(whatif)))
+
+
+@pytest.mark.parametrize(
     "argv",
     [["--seed", "-1"], ["--pair", "nope"], ["--passes", "0"], ["--seed", "x"]],
 )

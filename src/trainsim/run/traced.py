@@ -14,7 +14,7 @@ root); without it, on loopback.
 
 The result (``traced_run``) is a dict: ``step_ms`` (per timed step, the slowest rank's time over the
 window, as ``run.ranks.window_step_ms``), ``rank_step_ms`` (each rank's timed steps), ``traces`` (paths,
-by rank) and ``config``.
+by rank), ``config`` and ``allocator`` (what ``keep_freed_memory`` did on the ranks).
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ def traced_run(cfg: TracedRunConfig, out: str | Path, *, network: Network | None
         "rank_step_ms": per_rank,
         "traces": [r["trace"] for r in ranks],
         "retried": retried,
+        "allocator": sorted({str(r.get("allocator")) for r in ranks}),
     }
 
 
@@ -167,6 +168,7 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
     from trainsim.run.ranks import init_gloo
 
     cfg = TracedRunConfig(**wcfg.run)
+    allocator = keep_freed_memory()
     torch.set_num_threads(1)
     if cfg.world > 1:
         init_gloo(rank, cfg.world, master, port, cfg.timeout_s)
@@ -226,7 +228,36 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
     if cfg.world > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return {"rank": rank, "step_ms": step_ms, "trace": str(trace)}
+    return {"rank": rank, "step_ms": step_ms, "trace": str(trace), "allocator": allocator}
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+"""``mallopt`` parameters (glibc's malloc.h)"""
+
+
+def keep_freed_memory() -> str:
+    """Make glibc's malloc keep the memory a step frees for the next step, as a GPU's caching allocator does.
+
+    By default glibc serves each block above its mmap threshold (128 KiB at first, raised as such blocks
+    are freed) with a fresh ``mmap`` and returns it with ``munmap``: every step then page-faults its
+    tensors in again. On this test bed (2026-11-29, docs/log/whatif.md) the w1024 MLP with Adam's loop
+    took ~3,100 page faults and 8 ms of kernel time per 23 ms step, and 5 processes of it had medians
+    26 % apart; with this setting 26 faults, 0.05 ms, a 15 ms step, 11 % apart. How many blocks take the
+    mmap path drifts with a process's allocation history, so one run's step cost could not be read off
+    another run's trace. Here nothing is mmapped on its own (``M_MMAP_MAX`` 0), the heap is never trimmed.
+
+    Returns what was done: ``"glibc: mmap off, no trim"``, or why nothing was (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return f"unchanged: no mallopt in {name or 'the C library'}"
+    ok = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    return "glibc: mmap off, no trim" if ok else "unchanged: mallopt refused"
 
 
 def timed_steps(cfg: TracedRunConfig, step_s: float) -> int:

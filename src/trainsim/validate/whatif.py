@@ -11,10 +11,11 @@ Per pair:
 1. run the first configuration; its trace (every rank's) is the only input of the prediction;
 2. predict the second one's step with the built-in what-if on that trace
    (``transform.network.scale_network`` with the rate ratio, ``whatifs.fused_optimizer``,
-   ``whatifs.batch_scale``) and the simulator: ``predicted = first run's measured step + the
-   simulated change`` (per rank, the median over the traced steps of ``what-if step - replayed
-   step``; the slowest rank), so the profiler's own overhead, which the untimed run does not pay,
-   cancels; ``simulated_ms`` is the what-if's absolute step from the trace alone, kept beside it;
+   ``whatifs.batch_scale``) and the simulator, anchored on the first run's timed step so that the
+   profiler's own overhead, which the untimed run does not pay, cancels (``ANCHOR``): for a link rate
+   ``first step + simulated change``, for the optimizer and the batch ``first step x simulated ratio``
+   (per rank, the median over the traced steps of ``what-if step - replayed step`` or of their ratio;
+   the slowest rank); ``simulated_ms`` is the what-if's absolute step from the trace alone, beside it;
 3. once every prediction is written to the result file with its time (``predicted_at``), run the
    second configurations (``passes`` times, interleaved) and add ``measured_ms`` (the slowest rank's
    median step, the median over passes) and ``measured_at``. A prediction is never changed after it
@@ -212,6 +213,21 @@ def whatif_graph(pair: Pair, trace: str) -> tuple[Any, Any]:
     return g, scale_network(g, bw_factor=pair.second.rate_mbit / pair.first.rate_mbit, split=split)
 
 
+ANCHOR = {"network": "add", "fused-adam": "scale", "batch": "scale"}
+"""How the simulated change is carried over to the first run's timed (unprofiled) step, by pair kind.
+
+The profiler lengthens every traced operator (its per-call overhead): the one-rank pairs' timed steps
+measured 0.6-1.04x their replayed traced steps (2026-11-29 rounds, docs/log/whatif.md).
+
+* ``scale``: the what-if graph is made of the traced operators' own times (the batch what-if
+  multiplies them by the op-cost model's ratios; the fused optimizer's time is its bytes over the
+  bandwidth the traced optimizer operators reached), so its change is inflated with them and carries
+  over as a ratio: ``predicted = first step x what-if step / replayed step``.
+* ``add``: a link-rate change moves transfer time, which the profiler does not lengthen:
+  ``predicted = first step + (what-if step - replayed step)``.
+"""
+
+
 def predict_pair(pair: Pair, first: dict[str, Any]) -> dict[str, Any]:
     """The prediction of ``pair.second`` from the first run's result (traces and timed steps only)."""
     import numpy as np
@@ -219,22 +235,25 @@ def predict_pair(pair: Pair, first: dict[str, Any]) -> dict[str, Any]:
     from trainsim.simulate.engine import simulate
 
     base = rank_median_ms(first)
-    predicted, simulated, deltas = [], [], []
+    scale = ANCHOR[pair.kind] == "scale"
+    predicted, simulated, deltas, ratios = [], [], [], []
     for r, trace in enumerate(first["traces"]):
         g, g2 = whatif_graph(pair, trace)
         s1, s2 = simulate(g).step_ms, simulate(g2).step_ms
-        ok = np.isfinite(s1) & np.isfinite(s2)
+        ok = np.isfinite(s1) & np.isfinite(s2) & (s1 > 0)
         if not ok.any():
             raise UserError(f"{trace}: no step could be replayed; cannot predict {pair.label()}")
-        delta = float(np.median(s2[ok] - s1[ok]))
-        deltas.append(delta)
-        predicted.append(base[r] + delta)
+        deltas.append(float(np.median(s2[ok] - s1[ok])))
+        ratios.append(float(np.median(s2[ok] / s1[ok])))
+        predicted.append(base[r] * ratios[-1] if scale else base[r] + deltas[-1])
         simulated.append(float(np.median(s2[ok])))
     return {
         "predicted_ms": round(max(predicted), 3),
         "simulated_ms": round(max(simulated), 3),
         "first_measured_ms": round(max(base), 3),
+        "anchor": ANCHOR[pair.kind],
         "simulated_change_ms": [round(d, 3) for d in deltas],
+        "simulated_ratio": [round(x, 4) for x in ratios],
     }
 
 
@@ -361,8 +380,9 @@ def whatif_command(quick: bool, seed: int | None, kinds: tuple[str, ...], passes
     kind_opts = "".join(f" --pair {k}" for k in kinds)
     meta = {"command": f"trainsim validate whatif{' --quick' if quick else ''} --seed {seed}{kind_opts} --passes {passes}",
             "quick": quick, "passes": passes, "machine": machine(), "notes": notes, "calibration": _opcost_calibration(),
-            "method": "predicted = first run's median step + simulated change (what-if minus replay, median over "
-                      "the first trace's steps, slowest rank); simulated_ms = the what-if's step from the trace alone"}  # fmt: skip
+            "method": "predicted = first run's median step + simulated change (network: what-if minus replay) or x "
+                      "simulated ratio (fused-adam, batch: what-if over replay), medians over the first trace's steps, "
+                      "slowest rank; simulated_ms = the what-if's step from the trace alone"}  # fmt: skip
     try:
         doc = run_pairs(pairs, path, seed=seed, passes=passes, log=log, meta=meta)
     except KeyboardInterrupt:
