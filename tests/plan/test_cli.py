@@ -145,6 +145,9 @@ def test_a_preset_with_dimensions_from_the_command_line(capsys: pytest.CaptureFi
         (["--model", "gpt3-175b", "--gpus", "64", "--zero", "1", "--shard-group", "8"], "--shard-group applies to ZeRO-3"),
         (["--model", "gpt3-175b", "--gpus", "64", "--nic-gbps", "-1"], "--nic-gbps -1.0; expected a bandwidth > 0"),
         (["--model", "llama2-7b", "--gpus", "8", "--ep", "2"], "--ep 2 needs a mixture-of-experts model"),
+        (["--model", "deepseek-v3-like", "--gpus", "64", "--expert-groups", "6"], "--expert-groups 6; expected a divisor of experts (256)"),
+        (["--model", "deepseek-v3-like", "--gpus", "64", "--group-top-k", "9"], "--group-top-k 9; expected 1..8 groups"),
+        (["--model", "mixtral-8x7b", "--gpus", "32", "--group-top-k", "2"], "--group-top-k needs --expert-groups"),
     ],
 )
 def test_new_flags_bad_input_exit_2(args: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,6 +42,13 @@ def _model_options(f: Any) -> Any:
         click.option("--capacity-factor", type=click.FloatRange(min=0), default=None,
                      help="Expert capacity / mean load (0: dropless, no padding)."),
         click.option("--dense-layers", type=click.IntRange(min=0), default=None, help="Leading dense layers of an MoE model."),
+        click.option("--expert-groups", type=click.IntRange(min=0), default=None,
+                     help="Group-limited routing: expert groups (DeepSeek-V3: 8); 0 = none."),
+        click.option("--group-top-k", type=click.IntRange(min=0), default=None,
+                     help="Group-limited routing: groups a token may use (DeepSeek-V3: 4)."),
+        click.option("--ep-dispatch", type=click.Choice(["flat", "node"]), default="flat", show_default=True,
+                     help="Expert all-to-all: flat (NCCL all-to-all of every routed copy) or node (one network "
+                          "copy per destination node, then NVLink: DeepEP)."),
         click.option("--attn-flops", type=click.Choice(["full", "causal"]), default="full", show_default=True,
                      help="Model-FLOP convention for the attention core: full s x s square (Megatron, PaLM) or the causal half."),
         click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences (or images) per step."),
@@ -104,7 +111,8 @@ def build_model(kw: dict[str, Any]) -> Any:
     )
 
 
-_MOE_KEYS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "capacity_factor", "dense_layers")
+_MOE_KEYS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "capacity_factor", "dense_layers", "expert_groups",
+             "group_top_k")
 
 
 def build_cluster(kw: dict[str, Any]) -> Any:
@@ -180,7 +188,7 @@ def estimate_cmd(as_json: bool, explain: bool, **kw: Any) -> None:
         sequence_parallel=kw["sequence_parallel"], zero=kw["zero"], placement=kw["placement"], ep=kw["ep"],
         reshard_after_forward=kw["reshard_after_forward"], shard_group=kw["shard_group"], cp_mode=kw["cp_mode"],
         precision=kw["precision"], comm_overlap=kw["comm_overlap"], attn_kernel=kw["attn_kernel"],
-        kernels=kw["kernels"],
+        kernels=kw["kernels"], ep_dispatch=kw["ep_dispatch"],
     )
     gb = kw["global_batch"]
     stages = None
@@ -304,7 +312,7 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
     """Search for the fastest parallelisation that fits, and rank the top plans."""
     from rich.progress import Progress
 
-    from trainsim.plan.search import plan
+    from trainsim.plan.search import Space, plan
 
     model = build_model(kw)
     cluster = build_cluster(kw)
@@ -312,7 +320,8 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
         raise UserError(f"--top {top_k}; expected >= 1")
     method = method or ("exhaustive" if len(cluster.groups) == 1 else "dp")
     if as_json:
-        res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k)
+        res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k,
+                   space=Space(ep_dispatch=kw["ep_dispatch"]))
     else:
         with Progress(transient=True) as prog:
             task = prog.add_task(f"searching ({method})", total=1)
@@ -320,11 +329,12 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
             def cb(i: int, n: int) -> None:
                 prog.update(task, completed=i, total=max(n, 1))
 
-            res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k, progress=cb)
+            res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k,
+                   space=Space(ep_dispatch=kw["ep_dispatch"]), progress=cb)
     gps: list[float] | None = None
     if by_goodput or mtbf_gpu_hours is not None or checkpoint_s is not None:
         gps = _rank_by_goodput(model, cluster, res, kw["global_batch"], method, top_k, by_goodput, mtbf_gpu_hours,
-                               checkpoint_s, restart_s)  # fmt: skip
+                               checkpoint_s, restart_s, Space(ep_dispatch=kw["ep_dispatch"]))  # fmt: skip
     from trainsim.plan.estimate import with_attn_flops
     from trainsim.plan.workload import AttnFlops
 
@@ -384,7 +394,8 @@ def _print_comparison(a: Any, b: Any) -> None:
 
 
 def _rank_by_goodput(model: Any, cluster: Any, res: Any, gb: int, method: str, top_k: int, on: bool,
-                     mtbf_gpu_hours: float | None, checkpoint_s: float | None, restart_s: float) -> list[float]:
+                     mtbf_gpu_hours: float | None, checkpoint_s: float | None, restart_s: float,
+                     space: Any = None) -> list[float]:
     """Re-rank ``res.plans`` (in place) by samples/s x goodput, adding the best plans on 1/2, 1/4, 1/8 of the
     GPUs (fewer GPUs fail less often); goodput from the closed form at the optimum checkpoint interval."""
     from dataclasses import replace
@@ -403,7 +414,8 @@ def _rank_by_goodput(model: Any, cluster: Any, res: Any, gb: int, method: str, t
         if g.count % (1 << k) or n % g.gpus_per_node or n < g.gpus_per_node:
             break
         try:
-            more = plan(model, Cluster(groups=(replace(g, count=n),)), global_batch=gb, method=method, top_k=top_k)
+            more = plan(model, Cluster(groups=(replace(g, count=n),)), global_batch=gb, method=method, top_k=top_k,
+                        **({"space": space} if space is not None else {}))
         except UserError:  # does not fit on fewer GPUs
             break
         res.plans += more.plans

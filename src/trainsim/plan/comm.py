@@ -36,11 +36,15 @@ reduce-scatters their gradients after it, exposed.
 
 **Expert all-to-all**: each GPU sends each routed token's hidden vector to the GPU holding its expert
 (dispatch) and gets it back (combine); peers on the same node are reached over NVLink and the rest
-over the NIC, both at once (``all_to_all_s``).
+over the NIC, both at once (``all_to_all_s``). A node-deduplicating dispatch (DeepEP; DeepSeek-V3
+technical report §3.2.2) sends a token over the network once per other node that hosts one of its
+experts and forwards it over NVLink inside that node (``node_dispatch_copies``, ``node_all_to_all_s``);
+group-limited routing (DeepSeek-V3: top 4 of 8 expert groups) bounds how many nodes that is.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -200,4 +204,65 @@ def all_to_all_s(
     off = sent_bytes - on
     t_on = on / (nvlink_gbps * 1e9 * eff.nvlink)
     t_off = off / (nic_gbps * 1e9 * eff.network)
+    return max(t_on, t_off) + eff.comm_latency_us * 1e-6
+
+
+class Dispatch(NamedTuple):
+    """Copies of one routed token a node-deduplicating dispatch moves (``node_dispatch_copies``)."""
+
+    top_k: int
+    nic: float  # over the network: one per other node hosting one of the token's experts
+    nvlink: float  # inside nodes: to the other GPUs of the token's node, and forwarded on arrival
+
+
+@functools.lru_cache(maxsize=256)
+def node_dispatch_copies(
+    experts: int, top_k: int, ep: int, per_node: int, groups: int = 0, group_top_k: int = 0, samples: int = 4096
+) -> Dispatch:
+    """Expected copies per token of one node-deduplicating dispatch (the combine mirrors it).
+
+    Expert ``e`` lives on EP rank ``e // (experts / ep)``, rank ``r`` on node ``r // per_node``; the token
+    starts on rank 0 (every rank is alike). Routing is uniform, as in the force-balanced benchmarks that
+    publish MoE throughput, and limited to ``group_top_k`` of ``groups`` consecutive expert groups when
+    ``groups`` is set. The network copy lands on the GPU with the sender's local index, which forwards it
+    to the other GPUs of that node that hold its experts. Averaged over ``samples`` tokens drawn with a
+    fixed seed, so the result is deterministic.
+
+        >>> d = node_dispatch_copies(8, 2, 8, 8)          # one node: nothing crosses the network
+        >>> d.nic
+        0.0
+    """
+    if ep <= 1:
+        return Dispatch(top_k, 0.0, 0.0)
+    if experts % ep:
+        raise ValueError(f"ep={ep} does not divide experts={experts}")
+    k = max(1, min(per_node, ep))
+    nodes = -(-ep // k)
+    rng = np.random.default_rng(0)
+    if groups:
+        per_group = experts // groups
+        chosen = np.argsort(rng.random((samples, groups)), axis=1)[:, :group_top_k]
+        pool = (chosen[:, :, None] * per_group + np.arange(per_group)).reshape(samples, -1)
+    else:
+        pool = np.broadcast_to(np.arange(experts), (samples, experts))
+    pick = np.argsort(rng.random(pool.shape), axis=1)[:, :top_k]
+    rank = np.take_along_axis(pool, pick, axis=1) // (experts // ep)
+    hit = np.zeros((samples, nodes * k), bool)
+    np.put_along_axis(hit, rank, True, axis=1)
+    by_node = hit.reshape(samples, nodes, k)
+    remote = by_node[:, 1:].any(axis=2).sum(axis=1)
+    local = by_node[:, 0, 1:].sum(axis=1)
+    forwarded = by_node[:, 1:, 1:].sum(axis=(1, 2))  # arrivals land on local index 0 of each node
+    return Dispatch(top_k, float(remote.mean()), float((local + forwarded).mean()))
+
+
+def node_all_to_all_s(sent_bytes: float, ep: int, d: Dispatch, nvlink_gbps: float, nic_gbps: float, eff: Efficiency) -> float:
+    """One node-deduplicating dispatch (or combine) in which the flat all-to-all would send ``sent_bytes``
+    (``top_k`` copies of each token, ``(ep - 1)/ep`` of them leaving the GPU): the network carries
+    ``d.nic`` copies per token and NVLink ``d.nvlink``, both at once."""
+    if ep <= 1 or sent_bytes <= 0:
+        return 0.0
+    token = sent_bytes / (d.top_k * (ep - 1) / ep)
+    t_off = token * d.nic / (nic_gbps * 1e9 * eff.network)
+    t_on = token * d.nvlink / (nvlink_gbps * 1e9 * eff.nvlink)
     return max(t_on, t_off) + eff.comm_latency_us * 1e-6

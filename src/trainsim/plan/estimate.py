@@ -56,6 +56,8 @@ from trainsim.plan.comm import (
     all_to_all_s,
     allgather_attention_s,
     fsdp_pass_s,
+    node_all_to_all_s,
+    node_dispatch_copies,
     ring_attention_s,
 )
 from trainsim.plan.devices import Cluster, Gpu, NodeGroup
@@ -73,6 +75,7 @@ from trainsim.plan.workload import AttnFlops, Model, Recompute, Transformer
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 PLACEMENTS = ("tp-cp-dp-pp", "tp-cp-pp-dp")
 CP_MODES = ("ring", "allgather")
+EP_DISPATCHES = ("flat", "node")
 PRECISIONS = ("bf16", "fp8")
 KERNEL_MODES = ("fused", "eager")
 OPTIM_TRAFFIC_BYTES = 32  # Adam step: read grad, master, m, v; write master, m, v, 16-bit weight; + clip/unscale
@@ -108,6 +111,9 @@ class Strategy:
     (hybrid sharding, FSDP HYBRID_SHARD / HSDP); 0 shards over all ``dp * cp`` ranks"""
     cp_mode: str = "ring"
     """ring (K/V passed around, overlapped with attention) | allgather (K/V gathered up front, exposed)"""
+    ep_dispatch: str = "flat"
+    """expert all-to-all: flat (every routed copy sent to its expert's GPU: NCCL all-to-all) | node (each
+    token crosses the network once per node hosting its experts, then NVLink: DeepEP)"""
     precision: str = "bf16"
     """bf16 | fp8 (linear layers on FP8 tensor cores, a what-if with its own efficiency; Hopper only)"""
     kernels: str = "fused"
@@ -142,6 +148,8 @@ class Strategy:
             raise UserError(f"--attn-kernel {self.attn_kernel!r}; expected one of {', '.join(ATTN_KERNELS)}")
         if self.cp_mode not in CP_MODES:
             raise UserError(f"--cp-mode {self.cp_mode!r}; expected one of {', '.join(CP_MODES)}")
+        if self.ep_dispatch not in EP_DISPATCHES:
+            raise UserError(f"--ep-dispatch {self.ep_dispatch!r}; expected one of {', '.join(EP_DISPATCHES)}")
         if self.shard_group < 0:
             raise UserError(f"--shard-group {self.shard_group}; expected 0 (all data-parallel ranks) or a positive size")
         if (self.shard_group or not self.reshard_after_forward) and self.zero != 3:
@@ -179,7 +187,7 @@ class Strategy:
             z += ("" if self.reshard_after_forward else "-noreshard") + (f"-hsdp{self.shard_group}" if self.shard_group else "")
         return (
             f"dp{self.dp} tp{self.tp}{sp} pp{self.pp} cp{self.cp}{'-ag' if self.cp > 1 and self.cp_mode != 'ring' else ''}"
-            + (f" ep{self.ep}" if self.ep > 1 else "")
+            + (f" ep{self.ep}" + ("-node" if self.ep_dispatch == "node" else "") if self.ep > 1 else "")
             + f" mb{self.micro_batch} {self.schedule}{v} rc={self.recompute.name.lower()} {z}"
             + (" fp8" if self.precision == "fp8" else "")
             + ("" if self.attn_kernel == "auto" else f" {self.attn_kernel}")
@@ -274,6 +282,7 @@ class UnitTable:
     model_flops: np.ndarray
     core_flops: np.ndarray
     costs: tuple
+    routing: tuple[int, int, int, int] = (0, 0, 0, 0)  # experts, top_k, expert groups, groups per token
     cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
@@ -305,6 +314,7 @@ def unit_table(
         model_flops=np.array([c.model_flops for c in costs]),
         core_flops=np.array([c.core_flops for c in costs]),
         costs=costs,
+        routing=(model.experts, model.top_k, model.expert_groups, model.group_top_k) if isinstance(model, Transformer) else (0, 0, 0, 0),
     )
 
 
@@ -463,7 +473,7 @@ def estimate(
         nxt = st.groups[i + 1] if i + 1 < pp else None
         # a stage's terms do not depend on the schedule beyond v: cache them on the table across estimates
         key = ("stage", u.f, u.b, u.params, u.largest, u.out_last, a == 0, gi, prev, nxt, s.dp, s.tp, s.pp, s.cp, s.recompute, s.sequence_parallel, s.zero, s.placement,
-               s.ep, s.reshard_after_forward, s.shard_group, s.cp_mode, s.comm_overlap, v, overlap_grad_sync, cluster)  # fmt: skip
+               s.ep, s.ep_dispatch, s.reshard_after_forward, s.shard_group, s.cp_mode, s.comm_overlap, v, overlap_grad_sync, cluster)  # fmt: skip
         hit = tab.cache.get(key)
         if hit is None:
             hit = tab.cache[key] = _stage_time(s, dims, cluster, st, i, grp, tab, u, eff, overlap_grad_sync)
@@ -564,11 +574,21 @@ def _coll_vec(moved: np.ndarray, bw_gbps: float, nv: bool, n: int, eff: Efficien
     return np.where(moved > 0, moved / (bw_gbps * 1e9 * e) + lat, 0.0)
 
 
-def a2a_stage_s(sent: np.ndarray, cnt: np.ndarray, ep: int, per_node: int, grp: NodeGroup, eff: Efficiency) -> float:
-    """Seconds of ``cnt[l]`` all-to-alls of ``sent[l]`` bytes per layer (layers share a few sizes)."""
+def a2a_stage_s(
+    sent: np.ndarray, cnt: np.ndarray, ep: int, per_node: int, grp: NodeGroup, eff: Efficiency,
+    dispatch: str = "flat", routing: tuple[int, int, int, int] = (0, 0, 0, 0),
+) -> float:
+    """Seconds of ``cnt[l]`` all-to-alls of ``sent[l]`` bytes per layer (layers share a few sizes);
+    ``dispatch`` and ``routing`` (``UnitTable.routing``) as in ``Strategy.ep_dispatch``."""
     sizes, inv = np.unique(sent, return_inverse=True)
     nic = grp.inter_node_gbps(-(-ep // per_node))
-    one = np.array([all_to_all_s(float(x), ep, per_node, grp.gpu.nvlink_gbps, nic, eff) for x in sizes])
+    nv = grp.gpu.nvlink_gbps
+    if dispatch == "node" and routing[0]:
+        experts, top_k, groups, group_top_k = routing
+        d = node_dispatch_copies(experts, top_k, ep, per_node, groups, group_top_k)
+        one = np.array([node_all_to_all_s(float(x), ep, d, nv, nic, eff) for x in sizes])
+    else:
+        one = np.array([all_to_all_s(float(x), ep, per_node, nv, nic, eff) for x in sizes])
     return float(np.dot(cnt, one[inv]))
 
 
@@ -649,13 +669,14 @@ def _stage_time(
         per_node = min(s.ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
         cnt = tab.a2a_count[lo:hi] * (fwd_passes + 1)
         sent = tab.a2a_bytes[lo:hi]
-        t_ep = a2a_stage_s(sent, cnt, s.ep, per_node, grp, eff)
+        t_ep = a2a_stage_s(sent, cnt, s.ep, per_node, grp, eff, s.ep_dispatch, tab.routing)
         where = "within a node" if per_node >= s.ep else f"{per_node} per node, the rest over the NIC"
         if want:
             terms.append(Term("ep_comm", t_ep, t_ep, float(cnt.sum()), float(sent.max()), "nvlink+network",
                               grp.inter_node_gbps(-(-s.ep // per_node)) if per_node < s.ep else gpu.nvlink_gbps,
                               eff.network if per_node < s.ep else eff.nvlink, 0.0,
-                              f"all-to-all over ep={s.ep} ({where}), not overlapped"))  # fmt: skip
+                              f"{'node-deduplicated ' if s.ep_dispatch == 'node' else ''}all-to-all over "
+                              f"ep={s.ep} ({where}), not overlapped"))  # fmt: skip
     # pipeline point-to-point (scatter/gather: 1/tp of the activation per GPU)
     t_p2p = p2p_next = 0.0
     if pp > 1:

@@ -93,6 +93,8 @@ class Space:
     sequence_parallel: tuple[bool, ...] = (True,)
     """with tp > 1; the estimate counts the same communication volume with or without SP and less
     memory and norm/dropout time with it, so SP dominates and the default tries only SP"""
+    ep_dispatch: str = "flat"
+    """expert all-to-all of every strategy (``Strategy.ep_dispatch``): an implementation the user has, not searched"""
     use_all_gpus: bool = True
     """exhaustive only: dp*tp*pp*cp must equal the GPU count (else any divisor count of GPUs is tried)"""
 
@@ -145,13 +147,15 @@ def _schedules(model: Model, space: Space, pp: int) -> list[tuple[str, int]]:
     return out
 
 
-def _a2a_bound(tab: UnitTable, a: int, b: int, ep: int, stride: int, grp: NodeGroup, eff: Efficiency) -> float:
+def _a2a_bound(
+    tab: UnitTable, a: int, b: int, ep: int, stride: int, grp: NodeGroup, eff: Efficiency, dispatch: str = "flat"
+) -> float:
     """Expert all-to-all seconds per micro-batch of units a..b (forward and backward, never overlapped):
     part of any strategy's step with this ``ep``, so it tightens the compute lower bound."""
     if ep <= 1:
         return 0.0
     per_node = min(ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
-    return a2a_stage_s(tab.a2a_bytes[a:b], 2 * tab.a2a_count[a:b], ep, per_node, grp, eff)
+    return a2a_stage_s(tab.a2a_bytes[a:b], 2 * tab.a2a_count[a:b], ep, per_node, grp, eff, dispatch, tab.routing)
 
 
 def _ep_choices(model: Model, space: Space, dp: int) -> list[int]:
@@ -239,7 +243,7 @@ def exhaustive(
                 continue
             st = uniform_stages(model, pp)
             # lower bound: compute of the slowest stage for m micro-batches, no communication, no bubble
-            lb = m * max(float(tab.fwd[a:b].sum() + tab.bwd[a:b].sum()) + _a2a_bound(tab, a, b, ep, tp * cp, grp, eff)
+            lb = m * max(float(tab.fwd[a:b].sum() + tab.bwd[a:b].sum()) + _a2a_bound(tab, a, b, ep, tp * cp, grp, eff, space.ep_dispatch)
                          for a, b in zip(st.bounds, st.bounds[1:], strict=False))  # fmt: skip
             if lb >= top.bound():
                 res.pruned += 1
@@ -269,7 +273,8 @@ def exhaustive(
                                 try:
                                     s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, schedule=sch,
                                                  virtual_stages=v, recompute=rc, sequence_parallel=sp, zero=zero,
-                                                 placement=place, ep=ep, reshard_after_forward=reshard)  # fmt: skip
+                                                 placement=place, ep=ep, reshard_after_forward=reshard,
+                                                 ep_dispatch=space.ep_dispatch)  # fmt: skip
                                     e = estimate(model, s, sub, global_batch=global_batch, eff=eff)
                                 except UserError:
                                     res.pruned += 1

@@ -138,6 +138,11 @@ class Transformer:
     """expert capacity / mean load; 0 = dropless (each expert gets the mean load, no padding)"""
     dense_layers: int = 0
     """leading layers with a dense MLP in an MoE model (DeepSeek-V3: 3)"""
+    expert_groups: int = 0
+    """group-limited routing: experts fall into this many groups and a token picks its ``top_k`` from
+    ``group_top_k`` of them (DeepSeek-V3: 8 and 4); 0 = any expert"""
+    group_top_k: int = 0
+    """groups a token may route to under group-limited routing"""
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -155,6 +160,15 @@ class Transformer:
             raise UserError("model: experts, shared_experts, dense_layers and capacity_factor must be >= 0")
         if self.experts and not 1 <= self.top_k <= self.experts:
             raise UserError(f"--top-k {self.top_k}; expected 1..experts ({self.experts})")
+        if self.expert_groups:
+            if not self.experts or self.experts % self.expert_groups:
+                raise UserError(f"--expert-groups {self.expert_groups}; expected a divisor of experts ({self.experts})")
+            per_group = self.experts // self.expert_groups
+            if not 1 <= self.group_top_k <= self.expert_groups or self.group_top_k * per_group < self.top_k:
+                raise UserError(f"--group-top-k {self.group_top_k}; expected 1..{self.expert_groups} groups holding at "
+                                f"least top_k={self.top_k} experts")  # fmt: skip
+        elif self.group_top_k:
+            raise UserError("--group-top-k needs --expert-groups")
         if self.experts and self.dense_layers >= self.layers:
             raise UserError(f"--dense-layers {self.dense_layers}; expected fewer than layers ({self.layers})")
         if 0 < self.capacity_factor < 1:
@@ -657,7 +671,7 @@ _PRESETS = {
     # differ from the report's (the experts, ~95% of the 671B, match).
     "deepseek-v3-like": dict(arch="llama", layers=61, hidden=7168, heads=128, seq=4096, vocab=129280,
                              ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_experts=1,
-                             dense_layers=3, flash_attention=True),
+                             dense_layers=3, expert_groups=8, group_top_k=4, flash_attention=True),
     "bert-large": dict(arch="bert", layers=24, hidden=1024, heads=16, seq=512, vocab=30522),
     "bert-base": dict(arch="bert", layers=12, hidden=768, heads=12, seq=512, vocab=30522),
 }
