@@ -84,7 +84,8 @@ def main() -> int:
     raw.write_text(json.dumps(docs, indent=1) + "\n")
     from results import command_line, record
 
-    cal = next((d.get("calibration") for d in docs if d.get("calibration")), None)
+    # the calibration of this invocation's latest run (the kept rounds come first and may predate it)
+    cal = next((d.get("calibration") for d in reversed(docs) if d.get("calibration")), None)
     summary = []
     for name in names:
         ok = [d for d in docs if d["name"] == name and "failed" not in d and d.get("mean_abs_error_pct") is not None]

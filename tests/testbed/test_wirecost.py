@@ -57,7 +57,7 @@ def test_a_calibration_without_the_wire_pass_is_refused_with_the_way_out(tmp_pat
         del raw[k]
     raw["version"] = mc.version().rsplit("/", 1)[0] + "/3"
     f.write_text(json.dumps(raw))
-    with pytest.raises(UserError, match=r"/3, this is .*/4; pass --recalibrate"):
+    with pytest.raises(UserError, match=rf"/3, this is .*/{mc.FORMAT}; pass --recalibrate"):
         mc.load_machine(f)
     f.write_text(json.dumps(asdict(_cal())))
     assert mc.load_machine(f)[0] == _cal()

@@ -140,12 +140,15 @@ def test_allreduce_model_by_hand() -> None:
     cal = _cal()
     # 2 ranks, 1 MB on 100 Mbit/s at 90 %: host 100 + 0.001 * 1e6 = 1,100 us; wire 8e6 / 90 = 88,889 us
     assert cal.allreduce_us(1e6, rate_mbit=100) == pytest.approx(1100 + 8e6 / 90)
-    # 4 ranks: 6 steps (host a x3), each rank sends 1.5 x the bytes; 2 ms delay per step
+    # 4 ranks: 6 steps (host a x3), each rank sends 1.5 x the bytes; per step gloo's rendezvous, the
+    # receiver's ready notice and then the data: 2 x 2 ms
     assert cal.allreduce_us(1e6, world=4, rate_mbit=100, delay_ms=2) == pytest.approx(
-        300 + 1500 + 12_000 + 1.5 * 8e6 / 90
+        300 + 1500 + 6 * 4_000 + 1.5 * 8e6 / 90
     )
+    # a send whose receive is already posted: one delay
     assert cal.p2p_us(1e6, rate_mbit=100, delay_ms=1) == pytest.approx(50 + 500 + 1000 + 8e6 / 90)
     assert cal.allgather_us(1e6, world=3) == pytest.approx(2 * (80 + 2000))
+    assert cal.allgather_us(1e6, world=3, delay_ms=1) == pytest.approx(2 * (80 + 2000 + 2 * 1000))
     assert cal.slowdown(1) == 1.0 and cal.slowdown(3) == 2.1 and cal.slowdown(8) == pytest.approx(4.2)
 
 
@@ -164,6 +167,20 @@ def test_link_efficiency_by_rate_and_size_by_hand() -> None:
     # 16 MB all-reduce of 2 ranks at 60 Mbit/s: each rank puts the size on the wire once, at 88 %
     assert cal.allreduce_us(16 << 20, rate_mbit=60) == pytest.approx(100 + 0.001 * (16 << 20) + (16 << 20) * 8 / 52.8)
     assert _cal().efficiency(60, 1 << 20) == 0.9  # no grid: the one number
+
+
+def test_delayed_links_read_their_own_grid() -> None:
+    # the delay line's jumbo frames deliver more of a slow link and, across a long round trip, less of
+    # a fast one; without a delayed grid (an older calibration) the undelayed one serves
+    cal = replace(_graded(), delayed_rates_mbit=[60.0, 1200.0], delayed_efficiency_grid=[[0.99, 0.98], [0.85, 0.8]])
+    assert cal.efficiency(60, 1 << 20, delay_ms=2) == pytest.approx(0.99)
+    assert cal.efficiency(60, 1 << 20) == pytest.approx(0.92)
+    assert cal.efficiency(1200, 16 << 20, delay_ms=0.5) == pytest.approx(0.8)
+    assert _graded().efficiency(60, 1 << 20, delay_ms=2) == pytest.approx(0.92)
+    # 2 ranks, 1 MiB at 60 Mbit/s + 2 ms: two ring steps of two latencies, the bytes at 99 %
+    assert cal.allreduce_us(1 << 20, rate_mbit=60, delay_ms=2) == pytest.approx(
+        100 + 0.001 * (1 << 20) + 2 * 2 * 2000 + (1 << 20) * 8 / (60 * 0.99)
+    )
 
 
 @settings(deadline=None)

@@ -30,14 +30,14 @@ def serve(dev: str, delay_ms: float) -> None:
     os.set_blocking(fd, False)
     delay_s = delay_ms / 1e3
     queue: collections.deque[tuple[float, bytes]] = collections.deque()
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
     while True:
         now = time.monotonic()
         while queue and queue[0][0] <= now:
             os.write(fd, queue.popleft()[1])
-        timeout_ms = None if not queue else max(0.0, (queue[0][0] - now) * 1e3)
-        if poller.poll(timeout_ms):
+        timeout_s = None if not queue else max(0.0, queue[0][0] - now)
+        # select, not poll: poll's timeout is whole milliseconds rounded up, which held packets due
+        # within the next millisecond up to 1 ms late (0.2 ms asked: 1.10 ms waited; select: 0.28 ms)
+        if select.select([fd], [], [], timeout_s)[0]:
             now = time.monotonic()
             for _ in range(64):  # drain what is there, stamping arrival times
                 try:

@@ -12,8 +12,12 @@ cluster never read it. It holds four generic measurements, none of them a valida
    link shaped to each rate of ``CAL_RATES_MBIT`` at the sizes of ``EFF_SIZES`` (when network
    namespaces work): the fraction of the nominal rate the shaped link delivers (``efficiency``, by
    rate and bytes on the wire: TCP through tbf delivers ~96 % of a 240 Mbit/s link for a 1 MB
-   message, ~89 % of a 60 Mbit/s one for 16 MB). ``allreduce_us``, ``allgather_us`` and ``p2p_us``
-   combine them for any size, world, rate and delay;
+   message, ~89 % of a 60 Mbit/s one for 16 MB); the same on links with added delay
+   (``DELAYED_RATES_MBIT`` at ``DELAYED_CAL_MS``), which this testbed builds differently where the
+   kernel has no ``netem`` (jumbo frames through a user-space delay line, ``testbed.netns``), so they
+   deliver another fraction (``delayed_efficiency_grid``). ``allreduce_us``, ``allgather_us`` and
+   ``p2p_us`` combine them for any size, world, rate and delay, with gloo's rendezvous
+   (``RENDEZVOUS_LATENCIES``);
 2. **host speed**: the time of a standard compute kernel (``kernel``: a single-thread float32 matmul)
    on one process;
 3. **co-run slowdown**: the same kernel's time when ``k`` processes run it at once, over running it
@@ -43,8 +47,9 @@ from typing import Any
 
 from trainsim.errors import UserError
 
-FORMAT = 4
-"""version of the file layout (4: ``wire_rates_mbit``, ``wire_lost_us``, ``wire_us_per_byte``)"""
+FORMAT = 5
+"""version of the file layout (4: ``wire_rates_mbit``, ``wire_lost_us``, ``wire_us_per_byte``; 5:
+``delayed_rates_mbit``, ``delayed_us``, ``delayed_efficiency_grid``)"""
 GRID = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 """all-reduce sizes (bytes) of the link calibration: x8 apart, none of them a validated model's gradient"""
 CAL_RATES_MBIT = (60.0, 240.0)
@@ -52,6 +57,18 @@ CAL_RATES_MBIT = (60.0, 240.0)
 fixed validation's rate (interpolated in log rate between them, held beyond them)"""
 EFF_SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]
 """all-reduce sizes (bytes) on the shaped links (interpolated in log size, held beyond them)"""
+DELAYED_RATES_MBIT = (60.0, 240.0, 1200.0)
+"""the rates of the delayed links for ``delayed_efficiency_grid``: generic, none of them a fixed
+validation's rate (interpolated in log rate, held beyond them)"""
+DELAYED_CAL_MS = 3.0
+"""one-way delay of those links: inside the validations' range (0.5-10 ms), none of their fixed delays"""
+RENDEZVOUS_LATENCIES = 2
+"""one-way latencies per step of a gloo ring collective. gloo's TCP transport sends an unbound buffer
+only once the receiver's ``NOTIFY_RECV_READY`` has arrived (gloo/transport/tcp/pair.cc, ``Pair::send``
+and ``Pair::recv``), and the ring algorithms (gloo/allreduce.cc, gloo/allgather.cc) post a step's
+receive at the moment its neighbour posts the matching send, so each step is the notice's latency and
+then the data's. Probe of 2026-11-29 (docs/log/validate.md): 64 KiB all-reduces on links with 4-10 ms
+added took 3.7-4.4 latencies beyond the bytes and the host's work, all-gathers 2.0-2.1."""
 CORUN_PROCS = (2, 4)
 WIRE_RATES_MBIT = (60.0, 240.0, 500.0, 1200.0)
 """the shaped links' rates of the wire pass: both sides of ``netns.gso_bytes``' switch to small GSO
@@ -109,18 +126,30 @@ class MachineCalibration:
     wire_us_per_byte: list[float] = field(default_factory=list)
     """per rate: the computation both ranks together lose per byte sent one way (µs/byte,
     ``wirecost.lost_per_byte``)"""
+    delayed_rates_mbit: list[float] = field(default_factory=list)
+    """the rates of the delayed links measured (``DELAYED_RATES_MBIT``; empty when not measured)"""
+    delayed_us: list[list[float]] = field(default_factory=list)
+    """2-rank all-reduce of ``shaped_sizes_bytes`` on a link shaped to each of ``delayed_rates_mbit``
+    with ``DELAYED_CAL_MS`` added one way"""
+    delayed_efficiency_grid: list[list[float]] = field(default_factory=list)
+    """delivered / nominal rate on those links: (measured - loopback host line - the rendezvous
+    latencies) vs the bytes on the wire at the nominal rate"""
 
-    def efficiency(self, rate_mbit: float, wire_bytes: float = 1 << 20) -> float:
+    def efficiency(self, rate_mbit: float, wire_bytes: float = 1 << 20, *, delay_ms: float = 0.0) -> float:
         """The fraction of ``rate_mbit`` a shaped link delivers to a transfer that puts ``wire_bytes`` on
-        it: ``efficiency_grid`` interpolated in log rate and log size, held beyond the grid."""
+        it: ``efficiency_grid`` (``delayed_efficiency_grid`` when ``delay_ms`` > 0 and it was measured)
+        interpolated in log rate and log size, held beyond the grid."""
         import numpy as np
 
-        if not self.efficiency_grid:
+        rows, rates = self.efficiency_grid, self.shaped_rates_mbit
+        if delay_ms > 0 and self.delayed_efficiency_grid:
+            rows, rates = self.delayed_efficiency_grid, self.delayed_rates_mbit
+        if not rows:
             return self.link_efficiency
-        grid = np.asarray(self.efficiency_grid, dtype=float)
+        grid = np.asarray(rows, dtype=float)
         ls = np.log(np.asarray(self.shaped_sizes_bytes, dtype=float))
         per_rate = [float(np.interp(np.log(max(wire_bytes, 1.0)), ls, row)) for row in grid]
-        lr = np.log(np.asarray(self.shaped_rates_mbit, dtype=float))
+        lr = np.log(np.asarray(rates, dtype=float))
         return float(np.interp(np.log(rate_mbit), lr, per_rate))
 
     def host_us(self, size_bytes: float) -> float:
@@ -131,36 +160,38 @@ class MachineCalibration:
                      delay_ms: float = 0.0) -> float:  # fmt: skip
         """A ring all-reduce of ``size_bytes`` among ``world`` ranks on links of ``rate_mbit`` (None:
         unshaped) with ``delay_ms`` one way: the host's cost (scaled by the ring's 2(p-1)/p share of
-        the bytes and its 2(p-1) steps relative to 2 ranks), plus each step's delay, plus the bytes on
-        the wire at the delivered rate."""
+        the bytes and its 2(p-1) steps relative to 2 ranks), plus each step's rendezvous
+        (``RENDEZVOUS_LATENCIES`` delays), plus the bytes on the wire at the delivered rate."""
         p = max(2, world)
         steps = 2 * (p - 1)
         share = steps / p  # bytes each rank sends, per byte of the tensor
         t = self.host_a_us * steps / 2 + self.host_b_us_per_byte * size_bytes * share
-        t += steps * delay_ms * 1e3
+        t += steps * RENDEZVOUS_LATENCIES * delay_ms * 1e3
         if rate_mbit:
             wire = share * size_bytes
-            t += wire * 8 / (rate_mbit * self.efficiency(rate_mbit, wire))  # bits / (bits/us)
+            t += wire * 8 / (rate_mbit * self.efficiency(rate_mbit, wire, delay_ms=delay_ms))  # bits / (bits/us)
         return t
 
     def allgather_us(self, size_bytes: float, *, world: int = 2, rate_mbit: float | None = None,
                      delay_ms: float = 0.0) -> float:  # fmt: skip
         """A ring all-gather of ``size_bytes`` per rank among ``world`` ranks: ``world - 1`` steps, each
-        a host cost (the 2-rank line) plus the delay, plus every other rank's bytes on the wire."""
+        a host cost (the 2-rank line) plus the rendezvous (``RENDEZVOUS_LATENCIES`` delays), plus every
+        other rank's bytes on the wire."""
         steps = max(2, world) - 1
         a, b = self.allgather_line
-        t = steps * (a + b * size_bytes) + steps * delay_ms * 1e3
+        t = steps * (a + b * size_bytes) + steps * RENDEZVOUS_LATENCIES * delay_ms * 1e3
         if rate_mbit:
             wire = steps * size_bytes
-            t += wire * 8 / (rate_mbit * self.efficiency(rate_mbit, wire))
+            t += wire * 8 / (rate_mbit * self.efficiency(rate_mbit, wire, delay_ms=delay_ms))
         return t
 
     def p2p_us(self, size_bytes: float, *, rate_mbit: float | None = None, delay_ms: float = 0.0) -> float:
-        """One send of ``size_bytes`` to one peer: the host line, the delay and the bytes on the wire."""
+        """One send of ``size_bytes`` to one peer whose receive is already posted: the host line, the
+        delay and the bytes on the wire."""
         a, b = self.p2p_line
         t = a + b * size_bytes + delay_ms * 1e3
         if rate_mbit:
-            t += size_bytes * 8 / (rate_mbit * self.efficiency(rate_mbit, size_bytes))
+            t += size_bytes * 8 / (rate_mbit * self.efficiency(rate_mbit, size_bytes, delay_ms=delay_ms))
         return t
 
     def wire_cpu_us_per_byte(self, rate_mbit: float | None) -> float:
@@ -257,7 +288,7 @@ def load_machine(path: Path | None = None, *, recalibrate: bool = False, log: An
 
 # --------------------------------------------------------------------------- measuring
 def calibrate_machine(*, log: Any = None) -> MachineCalibration:
-    """Measure the four generic workloads (about two minutes)."""
+    """Measure the four generic workloads (about three minutes)."""
     import numpy as np
 
     from trainsim.testbed.calibrate import calibrate
@@ -278,9 +309,9 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     shaped: list[list[float]] = []
     grid: list[list[float]] = []
     rates: list[float] = []
+    eff_sizes = np.array(EFF_SIZES, dtype=float)
     if netns_unavailable() is None:
         rates = list(CAL_RATES_MBIT)
-        eff_sizes = np.array(EFF_SIZES, dtype=float)
         for rate in rates:
             say(f"machine calibration: all-reduces on a veth link shaped to {rate:g} Mbit/s")
             sh = calibrate(world=2, rate_mbit=rate, sizes=EFF_SIZES, reps=2, budget_s=0.15)
@@ -289,6 +320,17 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
             nominal = eff_sizes * 8 / rate  # us at the nominal rate (2 ranks: each sends the size once)
             grid.append([round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])
     eff = float(np.median(grid)) if grid else 1.0
+    delayed: list[list[float]] = []
+    delayed_grid: list[list[float]] = []
+    delayed_rates = list(DELAYED_RATES_MBIT) if rates else []
+    for rate in delayed_rates:
+        say(f"machine calibration: all-reduces on a link shaped to {rate:g} Mbit/s with {DELAYED_CAL_MS:g} ms added")
+        sh = calibrate(world=2, rate_mbit=rate, delay_ms=DELAYED_CAL_MS, sizes=EFF_SIZES, reps=2, budget_s=0.15)
+        delayed.append([round(float(x), 2) for x in sh.measured_us])
+        lat = 2 * RENDEZVOUS_LATENCIES * DELAYED_CAL_MS * 1e3  # 2 ranks: two ring steps
+        wire = np.array(sh.measured_us, dtype=float) - (a + b * eff_sizes) - lat
+        nominal = eff_sizes * 8 / rate
+        delayed_grid.append([round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])
     wire_rates = list(WIRE_RATES_MBIT) if rates else []
     wire_lost: list[list[float]] = []
     for rate in wire_rates:
@@ -312,6 +354,7 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
         p2p_loopback_us=[round(float(x), 2) for x in pp], p2p_line=_line(sizes, pp),
         kernel_ms=round(alone, 4), corun_slowdown=corun, load_avg=round(load, 2), wire_rates_mbit=wire_rates,
         wire_lost_us=wire_lost, wire_us_per_byte=[lost_per_byte(WIRE_SIZES, w) for w in wire_lost],
+        delayed_rates_mbit=delayed_rates, delayed_us=delayed, delayed_efficiency_grid=delayed_grid,
     )  # fmt: skip
 
 

@@ -196,7 +196,7 @@ def model_link(mcal: Any, c: RunConfig) -> Any:
     a, b = mcal.p2p_line
     lat = a + c.delay_ms * 1e3
     if c.rate_mbit:
-        bytes_per_us = c.rate_mbit * mcal.efficiency(c.rate_mbit) / 8.0
+        bytes_per_us = c.rate_mbit * mcal.efficiency(c.rate_mbit, delay_ms=c.delay_ms) / 8.0
     else:
         bytes_per_us = 1.0 / max(b, 1e-6)
     return Link(name="machine-calibration", bw_gbps=bytes_per_us / 1e3, latency_us=lat, source="testbed.machine")
@@ -239,7 +239,7 @@ def predict_ms(prof: Profile, c: RunConfig, mcal: Any, cost: Any, shapes: dict[s
                           finalize_us=1e3 * prof.ddp_finalize_ms * f)  # fmt: skip
     link = model_link(mcal, c)
     a, b = mcal.p2p_line
-    per_byte = b + (8.0 / (c.rate_mbit * mcal.efficiency(c.rate_mbit)) if c.rate_mbit else 0.0)
+    per_byte = b + (8.0 / (c.rate_mbit * mcal.efficiency(c.rate_mbit, delay_ms=c.delay_ms)) if c.rate_mbit else 0.0)
     p2p = (a + c.delay_ms * 1e3, per_byte)
     graph = scale(prof.graph, prof.graph.kind == TaskKind.CPU, f)
     g2 = compression(

@@ -140,7 +140,7 @@ def pipe_link(mc: MachineCalibration, rate_mbit: float | None, delay_ms: float) 
     from trainsim.transform.pipeline import Link
 
     a, b = mc.p2p_line
-    us_per_byte = 8 / (rate_mbit * mc.efficiency(rate_mbit)) if rate_mbit else 0.0
+    us_per_byte = 8 / (rate_mbit * mc.efficiency(rate_mbit, delay_ms=delay_ms)) if rate_mbit else 0.0
     bw_gbps = 8 / (us_per_byte * 1e3) if us_per_byte > 0 else 1e6  # unshaped: the host's work is the cost
     wire = mc.wire_cpu_us_per_byte(rate_mbit)
     return Link(bw_gbps=bw_gbps, latency_us=delay_ms * 1e3, cpu_us=a / 2, cpu_us_per_byte=(b + wire) / 2)
