@@ -8,9 +8,11 @@
    bytes, all-gather at 16 KiB .. 4 MiB per rank), the two primitives' CPU time per rank
    (``robust_cost.time_collectives``, 4 ranks on the same link, the same generic sizes), the rules'
    CPU time with every core busy and cold caches (``robust_cost.time_rules`` on random rows at powers
-   of 4 elements), Zeno's forward passes (``trainsim.transform.opcost``'s table) and Python machinery
-   (``robust_cost.time_skeleton``: the model with every Linear made 1 x 1); ``robust_cost.predict_overhead``
-   per rule: the larger of the link-bound and the core-bound estimate.
+   of 4 elements), Zeno's parts (``robust_cost.zeno_parts``: forward passes and per-row arithmetic from
+   ``trainsim.transform.opcost``'s table, the rows' first pass at the streaming bandwidth of a busy
+   host, the kept rows' average as the mean rule, and its Python machinery, ``robust_cost.time_skeleton``:
+   the model with every Linear made 1 x 1, one process per core, caches flushed);
+   ``robust_cost.predict_overhead`` per rule: the larger of the link-bound and the core-bound estimate.
 2. One launch of 4 ranks (``robust_worker.run_robust``): an MLP on scikit-learn's digits, per
    aggregator (DDP's all-reduce mean included) with 0, 1 and 2 bad ranks sending ``-10 g``, and with
    1 bad rank sending ``10 g`` and noise 10x the gradient's RMS; the test accuracy. Then, with no bad
@@ -82,7 +84,7 @@ def predict(cfg: Any, net: Any, popen: Any, master: str, rate_mbit: float | None
         time_collectives,
         time_rules,
         time_skeleton,
-        zeno_us,
+        zeno_parts,
     )
     from trainsim.run.robust_worker import _model
     from trainsim.testbed.calibrate import calibrate
@@ -97,7 +99,8 @@ def predict(cfg: Any, net: Any, popen: Any, master: str, rate_mbit: float | None
     model = _model(cfg)
     skeleton_us = time_skeleton(model, cfg.world_size, cfg.val_batch)
     numel = sum(p.numel() for p in model.parameters())
-    z_us = zeno_us(model, cfg.val_batch, cfg.world_size, table, skeleton_us, classes=10)
+    z_parts = zeno_parts(model, cfg.val_batch, cfg.world_size, table, skeleton_us, classes=10, rules=rules)
+    z_us = sum(z_parts.values())
     preds = {}
     for rule in RULES:
         p = predict_overhead(rule, numel, cal, rules, coll=coll, zeno_compute_us=z_us)
@@ -107,7 +110,8 @@ def predict(cfg: Any, net: Any, popen: Any, master: str, rate_mbit: float | None
                        "cpu_link_ms": (p.allgather_cpu_us - p.allreduce_cpu_us) / 1e3}  # fmt: skip
     return {"numel": numel, "size_bytes": 4 * numel, "rules": preds, "link_calibration": cal.to_json(),
             "collective_cpu": coll.to_json(), "rule_times": {"sizes": list(rules.sizes), "us": rules.us,
-            "corun": rules.corun}, "skeleton_us": skeleton_us, "zeno_compute_us": z_us}  # fmt: skip
+            "corun": rules.corun, "stream_gbps": rules.stream_gbps}, "skeleton_us": skeleton_us,
+            "zeno_compute_us": z_us, "zeno_parts_us": z_parts}  # fmt: skip
 
 
 def overheads(timings: list[dict[str, list[dict[str, float]]]]) -> dict[str, dict[str, Any]]:
@@ -208,6 +212,7 @@ def main() -> int:
             timings.append(run_robust(more, popen=popen, master=master)["timing"])
     doc["timing"] = timings
     doc["measured"] = overheads(timings)
+    zparts, stream = doc["prediction"]["zeno_parts_us"], doc["prediction"]["rule_times"]["stream_gbps"]
     notes += [
         "4 ranks share this host's 2 vCPUs and saturate them (thread schedstat, 2026-11-29: 26-51 ms of CPU "
         "per 16-29 ms step): each CPU millisecond a rank adds (the gather's socket work over the all-reduce's, "
@@ -217,6 +222,8 @@ def main() -> int:
         "to its 2 nearest others, with no guarantee for f >= 1.",
         "trimmed_mean with trim = 0.25 on 4 ranks drops one value at each end and averages the two middle "
         "ones: the same numbers as the median (mean of the two middle values); the two differ in code only.",
+        "zeno's predicted compute per step: " + " + ".join(f"{k} {v / 1e3:.2f}" for k, v in zparts.items())
+        + f" ms (a row's first pass at {stream:.1f} GB/s: one core's share while every core streams)",
         "zeno drops 2 of 4 rows every step (it tolerates up to 2 bad ranks), so clean training averages "
         "two gradients; its validation batch is 32 training digits, the same on every rank.",
     ]

@@ -28,7 +28,17 @@ from trainsim.run.robust import (
     zeno_keep,
     zeno_scores,
 )
-from trainsim.run.robust_cost import CollectiveCpu, RuleTimes, loglog, predict_overhead, skeleton
+from trainsim.run.robust_cost import (
+    CollectiveCpu,
+    RuleTimes,
+    loglog,
+    predict_overhead,
+    skeleton,
+    time_rules,
+    time_skeleton,
+    zeno_parts,
+    zeno_us,
+)
 
 
 def t(rows: list[list[float]]) -> torch.Tensor:
@@ -229,6 +239,38 @@ def test_loglog_and_skeleton() -> None:
     assert [type(m) for m in sk] == [type(m) for m in model]
     assert [tuple(p.shape) for p in sk.parameters()] == [(1, 1), (1,), (1, 1)]
     assert model[0].weight.shape == (32, 64)  # the model itself untouched
+
+
+class _Table:
+    """An op-cost table by hand: every GEMM 10 us, elementwise work 1 us per 1,000 bytes."""
+
+    def time_us(self, kind: str, point: tuple[float, ...]) -> float:
+        return 10.0 if kind.startswith("matmul") else point[0] / 1000.0
+
+
+def test_zeno_parts_by_hand() -> None:
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))  # 9 + 8 = 17 parameters
+    rules = RuleTimes(world=4, sizes=(1, 1000), us={"mean": [5.0, 5.0]}, stream_gbps=8.0)
+    parts = zeno_parts(model, 4, 4, _Table(), 50.0, 2, rules)
+    # one forward on 4 samples: 2 GEMMs (20 us), bias adds 144 + 96 bytes, ReLU 96 bytes, the loss 4 x 96
+    # bytes: 20.72 us; world + 1 = 5 of them
+    assert parts["forward"] == pytest.approx(5 * 20.72)
+    # per row: lr g streams 2 x 4 x 17 bytes at 8 GB/s (0.017 us), p - that 204 bytes, |g|^2 136 bytes
+    assert parts["rows"] == pytest.approx(4 * (0.017 + 0.204 + 0.136))
+    assert (parts["machinery"], parts["combine"]) == (50.0, pytest.approx(5.0))  # the mean rule's time, flat on this grid
+    assert zeno_us(model, 4, 4, _Table(), 50.0, 2, rules) == pytest.approx(sum(parts.values()))
+    # no rule times: the first pass from the table too, nothing for the combine
+    bare = zeno_parts(model, 4, 4, _Table(), 50.0, 2)
+    assert (bare["rows"], bare["combine"]) == (pytest.approx(4 * (0.204 + 0.204 + 0.136)), 0.0)
+
+
+@pytest.mark.slow
+def test_skeleton_and_stream_timed_on_busy_cores() -> None:
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    assert 0.0 < time_skeleton(model, 4, 8, reps=3, corun=2) < 1e6
+    rules = time_rules(4, sizes=(16, 64), reps=2, corun=2)
+    assert rules.corun == 2 and rules.stream_gbps > 0.1
+    assert all(len(v) == 2 and min(v) > 0 for v in rules.us.values())
 
 
 # --------------------------------------------------------------------------- real ranks

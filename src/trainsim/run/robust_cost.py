@@ -28,9 +28,13 @@ larger of two bounds:
    once, each on rows flushed from the caches before every call (``RuleTimes.corun``): in a run the
    rows arrive from the sockets and every core computes, and the rule's CPU time there read 1.6-4x its
    time alone with warm caches (2026-11-29, 4 ranks: median 1.13 ms against 0.53-0.70 ms); Zeno's rule
-   is priced from ``world + 1`` forward passes (``zeno_us``: GEMMs and elementwise work from
-   ``trainsim.transform.opcost``'s table) plus its Python machinery, timed on a skeleton of the model
-   (every ``Linear`` made 1 x 1: the same modules and parameter tensors, none of the arithmetic);
+   is priced in parts (``zeno_parts``) under the same conditions: its Python machinery, timed on a
+   skeleton of the model (every ``Linear`` made 1 x 1: the same modules and parameter tensors, none of
+   the arithmetic) in one process per core at once, caches flushed before every call; ``world + 1``
+   forward passes and the per-row arithmetic from ``trainsim.transform.opcost``'s table, but the
+   first pass over each row (it arrives from the sockets) at the bandwidth that each core gets while
+   all stream (``RuleTimes.stream_gbps``); the kept rows' average and the copy into the bucket as the
+   ``mean`` rule's time;
 4. ``share``: ``max(1, world / cores)``. With more ranks than cores (4 ranks on this 2-vCPU host) the
    host is saturated: the 4 ranks asked for 26-51 ms of CPU per 16-29 ms step (2026-11-29, thread
    schedstat), so every millisecond of CPU that a rank adds lengthens the step by ``world / cores`` of a
@@ -63,6 +67,9 @@ class RuleTimes:
     threads: int = 1
     corun: int = 1
     """threads timing at once, one per core (each its own rows, caches flushed before every call)"""
+    stream_gbps: float = 0.0
+    """GB/s that one thread moves (read + write) while all ``corun`` stream at once: the median over
+    the flushes of ``time_rules`` (``FLUSH_BYTES`` read and written each); 0: not timed"""
 
     def at(self, rule: str, numel: int) -> float:
         """Interpolated in log size and log time; the end slopes held beyond the grid."""
@@ -102,15 +109,21 @@ class CollectiveCpu:
                 "allgather_cpu_us": self.allgather_cpu_us}  # fmt: skip
 
 
-def _median_us(fn: Callable[[], object], reps: int, before: Callable[[], object] | None = None) -> float:
-    """Median wall time (µs) of ``fn``; ``before`` runs untimed ahead of each call. With ``before``, the
-    calling thread's CPU time instead (other threads then share the cores: their waits are not the rule's)."""
+def _median_us(
+    fn: Callable[[], object], reps: int, before: Callable[[], object] | None = None, before_s: list[float] | None = None
+) -> float:  # fmt: skip
+    """Median wall time (µs) of ``fn``; ``before`` runs untimed ahead of each call (its CPU times, s,
+    appended to ``before_s`` when given). With ``before``, the calling thread's CPU time instead (other
+    threads then share the cores: their waits are not the rule's)."""
     fn()  # warm-up: allocations
     clock = time.perf_counter if before is None else time.thread_time
     times = []
     for _ in range(reps):
         if before is not None:
+            b0 = time.thread_time()
             before()
+            if before_s is not None:
+                before_s.append(time.thread_time() - b0)
         t0 = clock()
         fn()
         times.append(clock() - t0)
@@ -129,7 +142,7 @@ def time_rules(
     bucket, on ``world`` random rows of each size: ``corun`` threads (default: one per core) at once,
     one intra-op thread each as the ranks run, each on its own rows and flushing the caches with a
     write of ``FLUSH_BYTES`` before every call; per rule and size the mean over the threads of each
-    one's median CPU time (a step pays a typical call)."""
+    one's median CPU time (a step pays a typical call). The flushes, timed too, give ``stream_gbps``."""
     import threading
 
     import torch
@@ -143,6 +156,7 @@ def time_rules(
         g = torch.Generator().manual_seed(seed)
         us: dict[str, list[float]] = {r: [] for r in TIMED_RULES}
         scratch = [torch.zeros(FLUSH_BYTES // 4) for _ in range(corun)]
+        flush_s: list[float] = []  # list.append is atomic under the GIL
         for n in sizes:
             rows = [torch.randn(world, n, generator=g) for _ in range(corun)]
             bucket = [torch.empty(n) for _ in range(corun)]
@@ -153,7 +167,7 @@ def time_rules(
                 def one(i: int, state: RobustState = state, got: list[float] = got, rows: Any = rows,
                         bucket: Any = bucket) -> None:  # fmt: skip
                     call = partial(lambda r, b: b.copy_(aggregate(state, r)), rows[i], bucket[i])
-                    got[i] = _median_us(call, reps, before=partial(scratch[i].add_, 1.0))
+                    got[i] = _median_us(call, reps, before=partial(scratch[i].add_, 1.0), before_s=flush_s)
 
                 pool = [threading.Thread(target=one, args=(i,)) for i in range(corun)]
                 for th in pool:
@@ -163,7 +177,8 @@ def time_rules(
                 us[rule].append(statistics.fmean(got))
     finally:
         torch.set_num_threads(threads)
-    return RuleTimes(world=world, sizes=tuple(sizes), us=us, corun=corun)
+    stream = 2 * FLUSH_BYTES / statistics.median(flush_s) / 1e9  # add_ in place: reads and writes every byte
+    return RuleTimes(world=world, sizes=tuple(sizes), us=us, corun=corun, stream_gbps=stream)
 
 
 def skeleton(model: Any) -> Any:
@@ -182,36 +197,80 @@ def skeleton(model: Any) -> Any:
     return out
 
 
-def time_skeleton(model: Any, world: int, batch: int, *, reps: int = 30) -> float:
+def time_skeleton(model: Any, world: int, batch: int, *, reps: int = 30, corun: int | None = None) -> float:
     """Zeno's Python machinery per bucket (µs): ``robust.zeno_scores`` of ``world`` rows on the model's
-    ``skeleton`` (batch samples of one feature), one thread: the module calls, the swaps of
+    ``skeleton`` (batch samples of one feature), one intra-op thread: the module calls, the swaps of
     ``torch.func.functional_call``, the per-tensor views and casts, the loss and its read-back, with
-    1 x 1 GEMMs. The model's own arithmetic is priced from the op-cost table (``zeno_us``)."""
+    1 x 1 GEMMs. Timed as ``time_rules`` times the other rules: ``corun`` processes at once (default
+    one per core; threads would take turns on the GIL), each flushing the caches with a write of
+    ``FLUSH_BYTES`` before every call; the mean of their median CPU times. Alone and warm, the
+    machinery read 1.24-1.34 ms; this way 1.39-2.39 ms (2026-11-29, the digits MLP, 4 rows).
+    The model's own arithmetic is priced from the op-cost table (``zeno_parts``)."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    corun = corun or len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="trainsim-skeleton-") as tmp:
+        (Path(tmp) / "skeleton.pkl").write_bytes(pickle.dumps(skeleton(model)))
+        code = "import sys; from trainsim.run.robust_cost import _skeleton_proc; _skeleton_proc(*sys.argv[1:])"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, "-c", code, tmp, str(i), str(corun), str(world), str(batch),
+                                   str(reps)], env=env) for i in range(corun)]  # fmt: skip
+        codes = [pr.wait(timeout=600) for pr in procs]
+        if any(codes):
+            raise RuntimeError(f"time_skeleton: a timing process failed (exit codes {codes}); see its stderr above")
+        return statistics.fmean(float((Path(tmp) / f"us.{i}").read_text()) for i in range(corun))
+
+
+def _skeleton_proc(tmp: str, index: str, corun: str, world: str, batch: str, reps: str) -> None:
+    """One process of ``time_skeleton`` (``python -c``): loads the skeleton from ``tmp``, waits until all
+    ``corun`` are ready, writes its median CPU time (µs) of ``zeno_scores`` to ``tmp/us.<index>``."""
+    import pickle
+    from pathlib import Path
+
     import torch
     import torch.nn.functional as F
 
     from trainsim.run.robust import RobustState, zeno_scores
 
-    sk = skeleton(model)
-    params = list(sk.parameters())
-    x, y = torch.ones(batch, 1), torch.zeros(batch, dtype=torch.int64)
-    state = RobustState("zeno", world_size=world, rank=0, drop=0, lr=0.1, model=sk, validation=(x, y),
-                        loss_fn=F.cross_entropy)  # fmt: skip
-    rows = torch.zeros(world, sum(p.numel() for p in params))
-    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        return _median_us(partial(zeno_scores, state, rows, params), reps)
-    finally:
-        torch.set_num_threads(threads)
+    d = Path(tmp)
+    sk = pickle.loads((d / "skeleton.pkl").read_bytes())
+    params = list(sk.parameters())
+    x, y = torch.ones(int(batch), 1), torch.zeros(int(batch), dtype=torch.int64)
+    state = RobustState("zeno", world_size=int(world), rank=0, drop=0, lr=0.1, model=sk, validation=(x, y),
+                        loss_fn=F.cross_entropy)  # fmt: skip
+    rows = torch.zeros(int(world), sum(p.numel() for p in params))
+    scratch = torch.zeros(FLUSH_BYTES // 4)
+    (d / f"ready.{index}").touch()
+    deadline = time.monotonic() + 120.0
+    while len(list(d.glob("ready.*"))) < int(corun):  # start together: the cores busy at once
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"time_skeleton: {corun} processes expected, not all started within 120 s")
+        time.sleep(0.001)
+    us = _median_us(partial(zeno_scores, state, rows, params), int(reps), before=partial(scratch.add_, 1.0))
+    (d / f"us.{index}").write_text(repr(us))
 
 
-def zeno_us(model: Any, batch: int, world: int, table: Any, skeleton_us: float, classes: int) -> float:
-    """Zeno's compute per bucket (the whole model in one bucket), alone on a core: its Python machinery
-    (``skeleton_us``, from ``time_skeleton``) and the model's arithmetic from the op-cost ``table``:
-    ``world + 1`` forward passes on ``batch`` samples (Linear GEMMs, the bias adds, activations and the
-    loss as elementwise traffic) and per row the swapped parameters (``p - lr g``: a multiply and a
-    subtract over every parameter) and its norm."""
+def zeno_parts(
+    model: Any, batch: int, world: int, table: Any, skeleton_us: float, classes: int, rules: RuleTimes | None = None
+) -> dict[str, float]:  # fmt: skip
+    """Zeno's compute per bucket (µs; the whole model in one bucket), in parts:
+
+    1. ``machinery``: ``skeleton_us`` (``time_skeleton``);
+    2. ``forward``: ``world + 1`` forward passes on ``batch`` samples from the op-cost ``table`` (Linear
+       GEMMs, the bias adds, activations, and the loss as elementwise traffic);
+    3. ``rows``: per row, the swapped parameters (``lr g``, then ``p - that``) and the row's norm; the
+       first pass (``lr g``: reads the row, writes as much) at ``rules.stream_gbps`` (the row comes
+       from the sockets, not from a cache), the others from the table (the row is cached by then);
+    4. ``combine``: averaging the kept rows and the copy into the bucket, priced as the ``mean`` rule
+       (``rules.at``: a mean over ``world`` rows and the copy, every core busy; Zeno first gathers
+       ``world - drop`` rows, then averages them: about as many bytes).
+
+    Without ``rules``: the first pass from the table too, and no ``combine``."""
     from torch import nn
 
     numel = sum(p.numel() for p in model.parameters())
@@ -225,11 +284,24 @@ def zeno_us(model: Any, batch: int, world: int, table: Any, skeleton_us: float, 
         elif isinstance(m, nn.ReLU | nn.GELU | nn.Tanh | nn.Sigmoid):
             fwd += table.time_us("elementwise", (2 * 4 * batch * width,))
     fwd += 4 * table.time_us("elementwise", (3 * 4 * batch * classes,))  # cross-entropy: ~4 passes over the logits
+    if rules is not None and rules.stream_gbps > 0:
+        first = 2 * 4 * numel / (rules.stream_gbps * 1e3)  # bytes / (GB/s) in µs
+    else:
+        first = table.time_us("elementwise", (3 * 4 * numel,))
     per_row = (
-        2 * table.time_us("elementwise", (3 * 4 * numel,))  # lr * g, then p - that
+        first  # lr * g
+        + table.time_us("elementwise", (3 * 4 * numel,))  # p - that
         + table.time_us("elementwise", (2 * 4 * numel,))  # |g|^2
     )
-    return skeleton_us + (world + 1) * fwd + world * per_row
+    return {"machinery": skeleton_us, "forward": (world + 1) * fwd, "rows": world * per_row,
+            "combine": rules.at("mean", numel) if rules is not None else 0.0}  # fmt: skip
+
+
+def zeno_us(
+    model: Any, batch: int, world: int, table: Any, skeleton_us: float, classes: int, rules: RuleTimes | None = None
+) -> float:  # fmt: skip
+    """Zeno's compute per bucket (µs): the sum of ``zeno_parts``."""
+    return sum(zeno_parts(model, batch, world, table, skeleton_us, classes, rules).values())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
