@@ -1,0 +1,81 @@
+"""Probe: one process of a CPU pair's program with glibc's default allocator and with
+``run.traced.keep_freed_memory`` (docs/log/whatif.md), interleaved.
+
+    realrun python benchmarks/probe_allocator.py --configs "mlp 1024 32 adam-loop 80" --repeats 5
+
+Each configuration is ``MODEL WIDTH BATCH OPTIMIZER STEPS``; each repeat runs it in a fresh process once
+with each allocator setting (one intra-op thread, 3 warm-up steps, then ``STEPS`` timed). Prints one JSON
+line per process: median step, medians of the first and second half (drift), minor page faults and
+kernel time per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _child(model_name: str, width: int, batch_size: int, optimizer: str, keep: bool, steps: int) -> None:
+    from trainsim.run.traced import keep_freed_memory
+
+    alloc = keep_freed_memory() if keep else "default"
+    import torch
+
+    from trainsim.capture.profile import make_optimizer
+    from trainsim.models import zoo
+
+    torch.set_num_threads(1)
+    model, batch = zoo.build_with_batches(model_name, seed=0, spec=zoo.ZooSpec(batch_size=batch_size, width=width, depth=4))
+    opt = make_optimizer(optimizer, model.parameters(), 0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(i: int) -> None:
+        x, y = batch(i)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()
+
+    for i in range(3):
+        step(i)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    marks = [time.perf_counter()]
+    for i in range(3, 3 + steps):
+        step(i)
+        marks.append(time.perf_counter())
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    t = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)]
+    h = len(t) // 2
+    print(json.dumps({
+        "config": f"{model_name} {width} {batch_size} {optimizer}", "alloc": alloc, "median_ms": statistics.median(t),
+        "first_half_ms": statistics.median(t[:h]), "second_half_ms": statistics.median(t[h:]),
+        "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / steps,
+        "sys_ms_per_step": (r1.ru_stime - r0.ru_stime) * 1e3 / steps,
+    }), flush=True)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--configs", nargs="+", default=["mlp 1024 32 adam-loop 80", "mlp 1536 32 adam-loop 50",
+                                                      "mlp 1024 4 adam-loop 120"])  # fmt: skip
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    for _ in range(a.repeats):
+        for cfg in a.configs:
+            for keep in ("0", "1"):
+                subprocess.run([sys.executable, __file__, "--child", *cfg.split()[:4], keep, cfg.split()[4]], check=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        m, w, b, o, k, n = sys.argv[2:8]
+        _child(m, int(w), int(b), o, k == "1", int(n))
+    else:
+        main()

@@ -1,0 +1,101 @@
+"""Probe: gloo collectives on delayed links against the machine calibration's model (docs/log/validate.md).
+
+    realrun python benchmarks/probe_gloo_delay.py --sizes 65536,1048576 --links 240:5,1000:4 --reps 6
+    realrun python benchmarks/probe_gloo_delay.py --sizes 1048576 --links 240:5 --slow-start 1,0 --gaps-ms 0,50,200
+
+Two ranks in network namespaces on links ``RATE:DELAY`` (Mbit/s : ms one way). Default mode: all-reduce
+and all-gather of each size after a barrier and a 20 ms pause; prints the slowest rank's median, the
+model (``MachineCalibration.allreduce_us`` / ``allgather_us``) and the gap in delays. With
+``--slow-start``: all-reduces of each size after idle gaps, with ``net.ipv4.tcp_slow_start_after_idle``
+set to each value in both namespaces. Generic sizes and links only: none is a validated configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _worker(argv: list[str]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    mode, sizes, reps, gaps = argv[0], [int(s) for s in argv[1].split(",")], int(argv[2]), argv[3]
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    out: dict[str, float] = {}
+    ops = ("allreduce", "allgather") if mode == "ops" else ("allreduce",)
+    pauses = [0.02] if mode == "ops" else [float(g) / 1e3 for g in gaps.split(",")]
+    for op in ops:
+        for size in sizes:
+            t = torch.ones(size // 4)
+            outs = [torch.empty_like(t) for _ in range(world)]
+
+            def run(op: str = op, t: torch.Tensor = t, outs: list[torch.Tensor] = outs) -> None:
+                if op == "allreduce":
+                    dist.all_reduce(t)
+                else:
+                    dist.all_gather(outs, t)
+
+            run()
+            run()
+            for pause in pauses:
+                times = []
+                for _ in range(reps):
+                    dist.barrier()
+                    time.sleep(pause)
+                    t0 = time.perf_counter()
+                    run()
+                    times.append((time.perf_counter() - t0) * 1e3)
+                slowest = torch.tensor(times, dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                out[f"{op} {size} {pause * 1e3:g}"] = statistics.median(slowest.tolist())
+    if dist.get_rank() == 0:
+        print(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--sizes", default="65536,1048576,4194304", help="bytes per rank, comma-separated")
+    ap.add_argument("--links", default="240:0,240:5,1000:4", help="RATE:DELAY_MS pairs, comma-separated")
+    ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--slow-start", default="", help="tcp_slow_start_after_idle values to compare (e.g. 1,0)")
+    ap.add_argument("--gaps-ms", default="0,50,200", help="with --slow-start: idle gaps before each all-reduce")
+    a = ap.parse_args()
+
+    from trainsim.testbed.launch import launch
+    from trainsim.testbed.machine import load_machine
+    from trainsim.testbed.netns import Netns
+
+    cal, _ = load_machine()
+    mode = "idle" if a.slow_start else "ops"
+    for link in a.links.split(","):
+        rate, delay = (float(x) for x in link.split(":"))
+        with Netns(2, rate_mbit=rate, delay_ms=delay) as net:
+            for ssai in a.slow_start.split(",") if a.slow_start else [""]:
+                if ssai:
+                    for ns in net.names:
+                        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                                        f"net.ipv4.tcp_slow_start_after_idle={ssai}"], check=True)  # fmt: skip
+                args = [__file__, "--worker", mode, a.sizes, str(a.reps), a.gaps_ms]
+                res = json.loads(launch(2, args, net=net, timeout_s=300)[0].strip().splitlines()[-1])
+                for key, ms in res.items():
+                    op, size, pause = key.split()
+                    f = cal.allreduce_us if op == "allreduce" else cal.allgather_us
+                    model = f(int(size), world=2, rate_mbit=rate, delay_ms=delay) / 1e3
+                    gap = (ms - model) / delay if delay else 0.0
+                    extra = f" slow_start_after_idle={ssai} idle {pause} ms" if ssai else ""
+                    print(f"{rate:g} Mbit/s +{delay:g} ms{extra} {op} {size} B: measured {ms:.2f} ms, "
+                          f"model {model:.2f} ms, gap {ms - model:+.2f} ms = {gap:+.2f} delays", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        _worker(sys.argv[2:])
+    else:
+        main()
