@@ -18,7 +18,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
 
 def _child(model_name: str, width: int, batch_size: int, optimizer: str, keep: bool, steps: int) -> None:
@@ -29,29 +28,18 @@ def _child(model_name: str, width: int, batch_size: int, optimizer: str, keep: b
 
     from trainsim.capture.profile import make_optimizer
     from trainsim.models import zoo
+    from trainsim.run.ranks import step_starts
 
     torch.set_num_threads(1)
     model, batch = zoo.build_with_batches(model_name, seed=0, spec=zoo.ZooSpec(batch_size=batch_size, width=width, depth=4))
     opt = make_optimizer(optimizer, model.parameters(), 0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(i: int) -> None:
-        x, y = batch(i)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        loss.detach().item()
-
-    for i in range(3):
-        step(i)
+    step_starts(model, opt, batch, loss_fn, range(3))  # warm-up
     r0 = resource.getrusage(resource.RUSAGE_SELF)
-    marks = [time.perf_counter()]
-    for i in range(3, 3 + steps):
-        step(i)
-        marks.append(time.perf_counter())
+    marks = step_starts(model, opt, batch, loss_fn, range(3, 4 + steps))  # steps + 1 starts: steps durations
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     t = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)]
+    steps += 1  # the faults and kernel time were counted over steps + 1 steps
     h = len(t) // 2
     print(json.dumps({
         "config": f"{model_name} {width} {batch_size} {optimizer}", "alloc": alloc, "median_ms": statistics.median(t),
