@@ -319,9 +319,9 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
     if top_k < 1:
         raise UserError(f"--top {top_k}; expected >= 1")
     method = method or ("exhaustive" if len(cluster.groups) == 1 else "dp")
+    space = Space(ep_dispatch=kw["ep_dispatch"])
     if as_json:
-        res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k,
-                   space=Space(ep_dispatch=kw["ep_dispatch"]))
+        res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k, space=space)
     else:
         with Progress(transient=True) as prog:
             task = prog.add_task(f"searching ({method})", total=1)
@@ -329,12 +329,12 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
             def cb(i: int, n: int) -> None:
                 prog.update(task, completed=i, total=max(n, 1))
 
-            res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k,
-                   space=Space(ep_dispatch=kw["ep_dispatch"]), progress=cb)
+            res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k, space=space,
+                       progress=cb)
     gps: list[float] | None = None
     if by_goodput or mtbf_gpu_hours is not None or checkpoint_s is not None:
         gps = _rank_by_goodput(model, cluster, res, kw["global_batch"], method, top_k, by_goodput, mtbf_gpu_hours,
-                               checkpoint_s, restart_s, Space(ep_dispatch=kw["ep_dispatch"]))  # fmt: skip
+                               checkpoint_s, restart_s, space)  # fmt: skip
     from trainsim.plan.estimate import with_attn_flops
     from trainsim.plan.workload import AttnFlops
 
@@ -395,7 +395,7 @@ def _print_comparison(a: Any, b: Any) -> None:
 
 def _rank_by_goodput(model: Any, cluster: Any, res: Any, gb: int, method: str, top_k: int, on: bool,
                      mtbf_gpu_hours: float | None, checkpoint_s: float | None, restart_s: float,
-                     space: Any = None) -> list[float]:
+                     space: Any) -> list[float]:
     """Re-rank ``res.plans`` (in place) by samples/s x goodput, adding the best plans on 1/2, 1/4, 1/8 of the
     GPUs (fewer GPUs fail less often); goodput from the closed form at the optimum checkpoint interval."""
     from dataclasses import replace
@@ -415,7 +415,7 @@ def _rank_by_goodput(model: Any, cluster: Any, res: Any, gb: int, method: str, t
             break
         try:
             more = plan(model, Cluster(groups=(replace(g, count=n),)), global_batch=gb, method=method, top_k=top_k,
-                        **({"space": space} if space is not None else {}))
+                        space=space)
         except UserError:  # does not fit on fewer GPUs
             break
         res.plans += more.plans
