@@ -140,3 +140,25 @@ def test_bridge_topology_and_reshape() -> None:
         out = net.run(0, [sys.executable, "-c", CLIENT, net.addr(2), str(500_000)], timeout=30)
         n, secs = out.stdout.split()
         assert int(n) == 500_000 and float(secs) > 0.2  # 0.5 MB at 20 Mbit/s: 0.2 s on the wire
+
+
+@pytest.mark.multiproc
+def test_launch_returns_each_ranks_stdout_with_torchruns_variables() -> None:
+    from trainsim.testbed.launch import launch
+
+    code = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['GLOO_SOCKET_IFNAME'])"
+    assert [o.split() for o in launch(2, ["-c", code], net=None, timeout_s=60)] == [["0", "2", "lo"], ["1", "2", "lo"]]
+
+
+@pytest.mark.multiproc
+def test_launch_names_the_failed_rank_and_kills_the_others() -> None:
+    import time
+
+    from trainsim.run.ranks import RankFailed
+    from trainsim.testbed.launch import launch
+
+    code = "import os, sys, time; r = int(os.environ['RANK']); r or time.sleep(60); sys.exit(f'rank {r} broke on purpose')"
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 1 exited with code 1: rank 1 broke on purpose") as e:
+        launch(2, ["-c", code], net=None, timeout_s=60)
+    assert e.value.rank == 1 and time.monotonic() - t0 < 30

@@ -116,15 +116,23 @@ def launch(
     popen: Popen = local_popen,
     timeout_s: float = 300.0,
     poll_s: float = 0.05,
-) -> None:
-    """Run one command per rank (index = rank) until all exit 0; raise ``RankFailed`` otherwise."""
+    capture_stdout: bool = False,
+) -> list[str]:
+    """Run one command per rank (index = rank) until all exit 0; raise ``RankFailed`` otherwise.
+    Returns each rank's stdout with ``capture_stdout`` (else empty strings: workers that write their
+    result to a file)."""
     procs: list[subprocess.Popen[Any]] = []
     errs: list[IO[bytes]] = []
+    outs: list[IO[bytes]] = []
     try:
         for rank, argv in enumerate(argvs):
             err = tempfile.TemporaryFile()
             errs.append(err)
-            procs.append(popen(rank, list(argv), stdout=subprocess.DEVNULL, stderr=err))
+            out: Any = subprocess.DEVNULL
+            if capture_stdout:
+                out = tempfile.TemporaryFile()
+                outs.append(out)
+            procs.append(popen(rank, list(argv), stdout=out, stderr=err))
         deadline = time.monotonic() + timeout_s
         while True:
             codes = [p.poll() for p in procs]
@@ -138,7 +146,11 @@ def launch(
                 more = f" (also failed: {', '.join(f'rank {x}' for x in also)})" if also else ""
                 raise RankFailed(r, f"rank {r} exited with code {codes[r]}{more}: {stderr_tail(errs[r])}", codes[r])
             if all(c == 0 for c in codes):
-                return
+                texts = []
+                for o in outs:
+                    o.seek(0)
+                    texts.append(o.read().decode(errors="replace"))
+                return texts or [""] * len(procs)
             if time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
                 stop_all(procs)
@@ -150,8 +162,8 @@ def launch(
             time.sleep(poll_s)
     finally:
         stop_all(procs)
-        for e in errs:
-            e.close()
+        for f in (*errs, *outs):
+            f.close()
 
 
 def run_workers(
