@@ -5,6 +5,7 @@ scripts that crash, fail or hang on cue). The real kill-and-restart of a gloo DD
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -179,7 +180,7 @@ def _stand_in(script_by_rank: dict[int, str]) -> Any:
     """A ``popen`` that runs ``script_by_rank[rank]`` (``{attempt}`` filled in) instead of the worker."""
 
     def popen(rank: int, argv: list[str], **kw: Any) -> subprocess.Popen[Any]:
-        attempt = argv[argv.index("--attempt") + 1]
+        attempt = json.loads(argv[argv.index("--config") + 1])["attempt"]
         code = script_by_rank[rank].format(attempt=attempt)
         return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, **kw)
 

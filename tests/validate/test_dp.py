@@ -221,10 +221,10 @@ def test_profile_model_one_process(tmp_path: Path) -> None:
 @pytest.mark.multiproc
 def test_runtime_overhead_one_process() -> None:
     """DDP's and the P3 runtime's own work per step, timed in a process group of one rank."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
 
-    cfg = json.dumps({"model": "mlp", "mode": "overhead", "steps": 3, "warmup": 2, "slice_bytes": 1 << 20})
-    data = json.loads(launch(1, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+    cfg = {"model": "mlp", "mode": "overhead", "steps": 3, "warmup": 2, "slice_bytes": 1 << 20}
+    data = run_json(1, "trainsim.validate.dp_worker", cfg, net=None)[0]
     assert data["plain_ms"] > 0 and data["ddp_ms"] > 0 and data["p3_ms"] > 0
     assert data["overhead_ms"] >= 0.0  # the paired difference of their steps (``alternating_ms``)
     assert 0.0 <= data["finalize_ms"] <= data["overhead_ms"]
@@ -259,11 +259,10 @@ def test_alternating_pairs_the_steps() -> None:
 def test_p3_runtime_told_its_mode_keeps_ranks_in_sync(rounds: bool) -> None:
     """The harness tells the runtime whether to agree by rounds or piggyback (from its prediction);
     either keeps the weights equal."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
 
-    cfg = json.dumps({"model": "cnn", "mode": "p3", "steps": 3, "warmup": 1, "slice_bytes": 65536,
-                      "agree_rounds": rounds})  # fmt: skip
-    data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+    cfg = {"model": "cnn", "mode": "p3", "steps": 3, "warmup": 1, "slice_bytes": 65536, "agree_rounds": rounds}
+    data = run_json(2, "trainsim.validate.dp_worker", cfg, net=None)[0]
     assert data["p3_agreement_rounds"] is rounds
     assert data["params_in_sync"] and len(data["step_ms"]) == 3
 
@@ -272,11 +271,11 @@ def test_p3_runtime_told_its_mode_keeps_ranks_in_sync(rounds: bool) -> None:
 def test_priority_runtimes_train_like_ddp() -> None:
     """P3 (rounds or piggyback) and ByteScheduler end with torch DDP's weights after the same steps on
     the same data: the same averaged gradient, the same SGD; DDP with small buckets too."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
 
     def final(mode: str, **extra: object) -> float:
-        cfg = json.dumps({"model": "cnn", "mode": mode, "steps": 3, "warmup": 1, **extra})
-        data = json.loads(launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)[0].strip().splitlines()[-1])
+        cfg = {"model": "cnn", "mode": mode, "steps": 3, "warmup": 1, **extra}
+        data = run_json(2, "trainsim.validate.dp_worker", cfg, net=None)[0]
         assert data["params_in_sync"]
         return float(data["param_sum"])
 
@@ -291,11 +290,11 @@ def test_priority_runtimes_train_like_ddp() -> None:
 def test_p3_trace_from_every_rank_on_one_clock() -> None:
     """Traced, every rank prints its timeline with its reference time: the same slice all-reduce (a
     collective) overlaps in time on both ranks."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
 
-    cfg = json.dumps({"model": "cnn", "mode": "p3", "steps": 2, "warmup": 1, "slice_bytes": 65536,
-                      "agree_rounds": True, "trace": True})  # fmt: skip
-    outs = [json.loads(o.strip().splitlines()[-1]) for o in launch(2, ["-m", "trainsim.validate.dp_worker", cfg], net=None)]
+    cfg = {"model": "cnn", "mode": "p3", "steps": 2, "warmup": 1, "slice_bytes": 65536, "agree_rounds": True,
+           "trace": True}  # fmt: skip
+    outs = run_json(2, "trainsim.validate.dp_worker", cfg, net=None)
     slices = []
     for d in outs:
         assert len(d["step_starts_ms"]) == 3 and d["p3_log"]

@@ -267,7 +267,7 @@ def _attempt(cfg: ElasticConfig, index: int, tmp: Path, popen: Popen, master: st
     store = TCPStore(master, 0, None, is_master=True, wait_for_workers=False,
                      timeout=timedelta(seconds=cfg.collective_timeout_s))  # fmt: skip
     port = store.port
-    conf = json.dumps(asdict(cfg))
+    conf = json.dumps({**asdict(cfg), "attempt": index})
     evs = [tmp / f"a{index}-r{r}.jsonl" for r in range(cfg.world)]
     procs: list[subprocess.Popen[Any]] = []
     errs: list[IO[bytes]] = []
@@ -276,7 +276,7 @@ def _attempt(cfg: ElasticConfig, index: int, tmp: Path, popen: Popen, master: st
         for r in range(cfg.world):
             errs.append(tempfile.TemporaryFile())
             argv = [python(), "-m", "trainsim.run.elastic_worker", "--rank", str(r), "--master", master,
-                    "--port", str(port), "--attempt", str(index), "--events", str(evs[r]), "--config", conf]  # fmt: skip
+                    "--port", str(port), "--out", str(evs[r]), "--config", conf]  # fmt: skip
             procs.append(popen(r, argv, stdout=subprocess.DEVNULL, stderr=errs[r]))
         failed, detected, exit_s, killed = _watch(procs, cfg, launched)
         ended = time.monotonic()

@@ -1,7 +1,9 @@
 """One rank of a supervised, checkpointed data-parallel job (started by ``trainsim.run.elastic.supervise``).
 
-    $ python -m trainsim.run.elastic_worker --rank 0 --master 127.0.0.1 --port 29500 --attempt 0 \
-        --events ev-a0-r0.jsonl --config '{"world": 2, "steps": 40, ...}'
+    $ python -m trainsim.run.elastic_worker --rank 0 --master 127.0.0.1 --port 29500 \
+        --out ev-a0-r0.jsonl --config '{"world": 2, "steps": 40, "attempt": 0, ...}'
+
+(``trainsim.run.ranks.rank_main``'s protocol: the events go to ``--out``.)
 
 Algorithm (each attempt, each rank):
 
@@ -30,7 +32,6 @@ CLOCK_MONOTONIC is one clock for all processes of the host, so the supervisor ca
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -116,18 +117,12 @@ def run_rank(rank: int, master: str, port: int, attempt: int, cfg: dict[str, Any
     dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="one rank of trainsim.run.elastic (started by supervise)")
-    for name in ("--rank", "--port", "--attempt"):
-        ap.add_argument(name, type=int, required=True)
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--events", required=True)
-    ap.add_argument("--config", required=True)
-    a = ap.parse_args(argv)
+def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    """``rank_main``'s body: attempt ``cfg["attempt"]``, events to ``out``."""
     try:
-        run_rank(a.rank, a.master, a.port, a.attempt, json.loads(a.config), a.events)
+        run_rank(rank, master, port, int(cfg["attempt"]), cfg, out)
     except PeerLost as exc:
-        _Events(a.events)("error", msg=str(exc))
+        _Events(out)("error", msg=str(exc))
         print(f"PeerLost: {exc}", file=sys.stderr, flush=True)
         from trainsim.run.elastic import EXIT_PEER_LOST
 
@@ -136,4 +131,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from trainsim.run.ranks import rank_main
+
+    rank_main(_rank, "one rank of trainsim.run.elastic (started by supervise)")

@@ -34,25 +34,41 @@ RankBody = Callable[[dict[str, Any], int, str, int, str], None]
 
 
 def rank_main(body: RankBody, description: str, argv: Sequence[str] | None = None) -> None:
-    """The worker side of ``launch``, the same for every rank entry point: ``python -m trainsim.run.<x>
-    --rank R --master HOST --port P --out FILE --config JSON`` runs ``body`` with the parsed config,
-    then leaves without interpreter teardown (the result is written; gloo's and DDP's threads can
-    abort in static destructors afterwards, "terminate called without an active exception", failing
-    a finished rank)."""
+    """The worker side of every multi-process run, the same for every rank entry point: ``python -m
+    <module> --config JSON [--out FILE] [--rank R --master HOST --port P]`` runs ``body`` with the parsed
+    config. The rank and rendezvous default to torchrun's variables (``RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``: what ``testbed.launch`` sets); ``--out -`` (the default) means stdout, one JSON
+    line (``write_result``). Then it leaves without interpreter teardown (the result is written;
+    gloo's and DDP's threads can abort in static destructors afterwards, "terminate called without an
+    active exception", failing a finished rank)."""
     import argparse
     import json
 
+    env = os.environ
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config", required=True, help="the run's configuration, one JSON object")
+    ap.add_argument("--out", default="-", help="where this rank writes its result (JSON); - for stdout")
+    ap.add_argument("--rank", type=int, default=int(env.get("RANK", -1)))
+    ap.add_argument("--master", default=env.get("MASTER_ADDR", ""))
+    ap.add_argument("--port", type=int, default=int(env.get("MASTER_PORT", 0)))
     a = ap.parse_args(argv)
+    if a.rank < 0 or not a.master or not a.port:
+        ap.error("no --rank/--master/--port and no RANK/MASTER_ADDR/MASTER_PORT in the environment")
     body(json.loads(a.config), a.rank, a.master, a.port, a.out)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def write_result(out: str, result: Any) -> None:
+    """A rank's result as JSON: to the file ``out``, or one line on stdout where ``out`` is ``-``."""
+    import json
+
+    if out == "-":
+        print(json.dumps(result), flush=True)
+    else:
+        with open(out, "w") as f:
+            json.dump(result, f)
 
 
 class RankFailed(RuntimeError):

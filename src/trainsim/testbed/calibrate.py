@@ -51,7 +51,6 @@ runs processes here is the test bed's.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -77,7 +76,7 @@ from trainsim.cluster.calibration import Calibration
 from trainsim.errors import UserError
 from trainsim.testbed.calibrate_worker import ROUNDS
 
-Launched = tuple[list[int], list[str]]  # a launch of some sizes: those sizes, and its ranks' outputs
+Launched = tuple[list[int], dict[str, Any]]  # a launch of some sizes: those sizes, and rank 0's result
 
 
 ROUNDS_PER_S = 20  # launches after the first with a time per size of their own: rounds per second of it
@@ -170,7 +169,7 @@ def calibrate_interleaved(
     minutes apart: one launch of them may catch a slow stretch of the host (1 Gbit/s, 2026-11-27
     05:40: a 181 MiB check read 9.50 ms/MiB, the other large sizes 9.02-9.08). Other arguments as
     ``calibrate``."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns, NetnsUnavailable, netns_unavailable
 
     if world < 2:
@@ -197,24 +196,27 @@ def calibrate_interleaved(
     if len(pp_sizes) == 1 or any(x < 4 for x in pp_sizes) or (pp_sizes and world % 2):
         raise UserError(f"calibrate: p2p_sizes={pp_sizes} with {world} ranks; expected at least two sizes of "
                         ">= 4 bytes and an even number of ranks")  # fmt: skip
-    mode = ("realtime" if realtime else "default") + ("+pin" if pin else "")
     small_budget = budget_s if small_budget_s is None else small_budget_s
     if small_rounds is None:
         small_rounds = ROUNDS if small_budget_s is None else max(ROUNDS, round(ROUNDS_PER_S * small_budget_s))
-    runs = []  # per calibration: (sizes, the first launch's arguments, the small sizes, their arguments)
+    runs = []  # per calibration: (sizes, the first launch's worker config, the small sizes, their config)
     for sizes in size_sets:
-        args = ["-m", "trainsim.testbed.calibrate_worker", "--worker", ",".join(map(str, sizes)), str(reps), str(budget_s),
-                ",".join(map(str, ag_sizes)) or "-", ",".join(map(str, pp_sizes)) or "-", mode]  # fmt: skip
+        args = {"sizes": list(sizes), "reps": reps, "budget_s": budget_s, "allgather_sizes": ag_sizes,
+                "p2p_sizes": pp_sizes, "realtime": realtime, "pin": pin}  # fmt: skip
         small = [x for x in sizes if x <= LAUNCH_MAX_BYTES] if launches > 1 else []
         # the further launches: one repetition per round at least (their budget sets the count): at
         # +5 ms a round's five repetitions, each after a barrier, took 8 s per size where 1 s was asked
-        runs.append((list(sizes), args, small, [*args[:3], ",".join(map(str, small)), "1", str(small_budget), "-",
-                                                 "-", mode, str(small_rounds)]))  # fmt: skip
+        runs.append((list(sizes), args, small, {**args, "sizes": small, "reps": 1, "budget_s": small_budget,
+                                                "allgather_sizes": [], "p2p_sizes": [], "rounds": small_rounds}))
 
-    def go(n: Any) -> list[tuple[list[str], list[list[str]], list[Launched], list[Launched]]]:
+    def launch(cfg: dict[str, Any], n: Any) -> dict[str, Any]:
+        """One launch of the worker: rank 0's result."""
+        return dict(run_json(world, "trainsim.testbed.calibrate_worker", cfg, net=n, timeout_s=timeout_s)[0])
+
+    def go(n: Any) -> list[tuple[dict[str, Any], list[dict[str, Any]], list[Launched], list[Launched]]]:
         """Per calibration: its first launch, its further launches, its floor launches (each with
         its sizes: the floor sizes and the step sizes found so far) and its launches of the large sizes."""
-        firsts = [launch(world, args, net=n, timeout_s=timeout_s) for _, args, _, _ in runs]
+        firsts = [launch(args, n) for _, args, _, _ in runs]
         meds = [_launch_means(f) for f in firsts]
         window: list[tuple[float, float, float] | None] = [None for _ in runs]  # (lo, hi, b) around the knee
         if launches > 1:  # the further launches also measure sizes around the first launch's knee
@@ -231,23 +233,23 @@ def calibrate_interleaved(
                     window[i] = (KNEE_WINDOW[0] * centre, KNEE_WINDOW[1] * centre, fit[1])
                 if extra:
                     small = sorted(small + extra)
-                    runs[i] = (sizes, args, small, [*small_args[:3], ",".join(map(str, small)), *small_args[4:]])
-        more: list[list[list[str]]] = [[] for _ in runs]
+                    runs[i] = (sizes, args, small, {**small_args, "sizes": small})
+        more: list[list[dict[str, Any]]] = [[] for _ in runs]
         big_more: list[list[Launched]] = [[] for _ in runs]
         bigs = [[x for x in sizes if x > LAUNCH_MAX_BYTES] for sizes, _, _, _ in runs]
-        big_args = [[*args[:3], ",".join(map(str, big)), *args[4:6], "-", "-", mode]
-                    for big, (_, args, _, _) in zip(bigs, runs, strict=True)]  # fmt: skip
+        big_args = [{**args, "sizes": big, "allgather_sizes": [], "p2p_sizes": []} for big, (_, args, _, _) in
+                    zip(bigs, runs, strict=True)]  # fmt: skip
         big_at = _spread(big_launches, launches - 1)
         for r in range(launches):
             for _ in range(big_at.count(r)):  # the launches of the sizes above LAUNCH_MAX_BYTES due here
                 for i, (big, ba) in enumerate(zip(bigs, big_args, strict=True)):
                     if big:
-                        big_more[i].append((big, launch(world, ba, net=n, timeout_s=timeout_s)))
+                        big_more[i].append((big, launch(ba, n)))
             if r == launches - 1:
                 break
             for i, (_, _, small, small_args) in enumerate(runs):
                 if small:
-                    more[i].append(launch(world, small_args, net=n, timeout_s=timeout_s))
+                    more[i].append(launch(small_args, n))
         floors = [[x for x, m in zip(sizes, med, strict=True) if x <= LAUNCH_MAX_BYTES and m < FLOOR_MAX_US]
                   if floor_launches else [] for (sizes, _, _, _), med in zip(runs, meds, strict=True)]  # fmt: skip
         # per calibration, each floor launch as (its sizes, its output): the floor launches come in
@@ -264,8 +266,7 @@ def calibrate_interleaved(
             for _ in range(count):
                 for i, ((_, _, _, small_args), fl) in enumerate(zip(runs, floors, strict=True)):
                     if fl:
-                        fa = [*small_args[:3], ",".join(map(str, fl)), *small_args[4:]]
-                        floor_more[i].append((list(fl), launch(world, fa, net=n, timeout_s=timeout_s)))
+                        floor_more[i].append((list(fl), launch({**small_args, "sizes": list(fl)}, n)))
         return list(zip(firsts, more, floor_more, big_more, strict=True))
 
     notes: list[str] = []
@@ -295,16 +296,16 @@ def calibrate_interleaved(
 
 
 def _built(
-    sizes: list[int], small: list[int], first: list[str], more: list[list[str]], *, world: int,
+    sizes: list[int], small: list[int], first: dict[str, Any], more: list[dict[str, Any]], *, world: int,
     rate_mbit: float | None, delay_ms: float, where: str, notes: list[str], ag_sizes: list[int],
     pp_sizes: list[int], realtime: bool, pin: bool, floor_runs: Sequence[Launched] = (),
     big_runs: Sequence[Launched] = (),
 ) -> Calibration:  # fmt: skip
-    """One ``Calibration`` from its workers' outputs: the first launch ``first``, the further
+    """One ``Calibration`` from its workers' results (rank 0's): the first launch ``first``, the further
     launches ``more`` of the ``small`` sizes, ``floor_runs``: the floor launches, each as (its sizes,
     its output), whose sizes not among ``sizes`` are the ``step_sizes``, and ``big_runs``: the launches
     of the sizes above ``LAUNCH_MAX_BYTES``, the same way."""
-    data = json.loads(first[0].strip().splitlines()[-1])
+    data = first
     if pin and not data.get("pinned"):
         notes.append(f"pinning the ranks to cores refused ({data.get('pin_error')}): threads were not pinned")
     if realtime and not data.get("realtime"):
@@ -347,7 +348,7 @@ def _built(
 
 
 def _launch_times(
-    sizes: list[int], first_med: list[float], small: list[int], more: list[list[str]],
+    sizes: list[int], first_med: list[float], small: list[int], more: list[dict[str, Any]],
     floor_runs: Sequence[Launched] = (),
 ) -> dict[int, list[float]]:  # fmt: skip
     """Per size: the first launch's time (``sizes``, ``first_med``) where it measured it, then each
@@ -372,6 +373,6 @@ def _level_counts(n: int, levels: int) -> list[int]:
     return [n // k + (1 if j < n % k else 0) for j in range(k)] if k else []
 
 
-def _launch_means(out: list[str]) -> list[float]:
-    """Per size of a launch's output (rank 0's stdout first): its time, ``round_mean`` of its rounds."""
-    return [round_mean(r) for r in json.loads(out[0].strip().splitlines()[-1])["rounds_us"]]
+def _launch_means(out: dict[str, Any]) -> list[float]:
+    """Per size of a launch's result (rank 0's): its time, ``round_mean`` of its rounds."""
+    return [round_mean(r) for r in out["rounds_us"]]

@@ -3,7 +3,9 @@ collectives of the link model, then the host passes of ``testbed.calibrate_host`
 measured as one JSON line on rank 0.
 
     $ RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m trainsim.testbed.calibrate_worker \\
-      --worker 1024,4096 5 0.3 - - default
+      --config '{"sizes": [1024, 4096], "reps": 5, "budget_s": 0.3}'
+
+(``rank_main``'s protocol; optional keys ``allgather_sizes``, ``p2p_sizes``, ``realtime``, ``pin``, ``rounds``.)
 
 Link passes, each size timed after a barrier, the slowest rank's time counting: all-reduces in
 ``ROUNDS`` interleaved rounds (``round_plan``, ``_measure``), the all-gather that the compression hook
@@ -12,14 +14,13 @@ uses, one-way sends and exchanges between pairs of ranks, gather and broadcast.
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from trainsim.run.ranks import rank_main, write_result
 from trainsim.testbed.calibrate_host import cpu_pass, post_pass
 from trainsim.testbed.calibrate_host import pin as pin_rank
 from trainsim.testbed.calibrate_host import realtime as realtime_class
@@ -118,7 +119,7 @@ def _p2p_ops(x: Any, y: Any, *, exchange: bool) -> None:
 
 def _worker(
     sizes: list[int], reps: int, budget_s: float, ag_sizes: list[int], pp_sizes: list[int], realtime: bool = False,
-    pin: bool = False, n_rounds: int = ROUNDS,
+    pin: bool = False, n_rounds: int = ROUNDS, out: str = "-",
 ) -> None:  # fmt: skip
     import torch
     import torch.distributed as dist
@@ -144,8 +145,8 @@ def _worker(
                 rounds[i].append(_measure(partial(dist.all_reduce, x), reps, budget_s / n_rounds))
             elif n:
                 rounds[i].append(_slowest(_timed(partial(dist.all_reduce, x), n)))
-    out = [[t for r in rs for t in r] for rs in rounds]
-    for x, times in zip(xs, out, strict=True):
+    per_size = [[t for r in rs for t in r] for rs in rounds]
+    for x, times in zip(xs, per_size, strict=True):
         slow = statistics.fmean(times) > CPU_PASS_MAX_S * 1e6
         n_cpu = 0 if slow or realtime else int(budget_s * 1e6 / max(statistics.fmean(times), 1.0))
         cpu.append(cpu_pass(x, n_cpu, partial(_p2p_ops, exchange=True)))
@@ -177,20 +178,18 @@ def _worker(
         peer = _peer()
         posts.append([post_pass(x, y, peer, compute=False), post_pass(x, y, peer, compute=True)])
     if rank == 0:
-        print(json.dumps({"sizes": sizes, "rounds_us": rounds, "cpu_us": cpu, "post_us": posts,
-                          "allgather_us": gathered, "p2p_us": p2p, "ps_us": ps, "realtime": sched_error is None,
-                          "sched_error": sched_error, "pinned": pin_error is None, "pin_error": pin_error}),
-              flush=True)  # fmt: skip
+        write_result(out, {"sizes": sizes, "rounds_us": rounds, "cpu_us": cpu, "post_us": posts, "allgather_us": gathered,
+                           "p2p_us": p2p, "ps_us": ps, "realtime": sched_error is None, "sched_error": sched_error,
+                           "pinned": pin_error is None, "pin_error": pin_error})  # fmt: skip
     dist.destroy_process_group()
 
 
+def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    """``rank_main``'s body: the process group from torchrun's variables (``testbed.launch``)."""
+    _worker([int(x) for x in cfg["sizes"]], int(cfg["reps"]), float(cfg["budget_s"]),
+            [int(x) for x in cfg.get("allgather_sizes", [])], [int(x) for x in cfg.get("p2p_sizes", [])],
+            bool(cfg.get("realtime")), bool(cfg.get("pin")), int(cfg.get("rounds", ROUNDS)), out)  # fmt: skip
+
+
 if __name__ == "__main__":
-    if len(sys.argv) in (8, 9) and sys.argv[1] == "--worker":
-        ag, pp = ([] if a == "-" else [int(s) for s in a.split(",")] for a in sys.argv[5:7])
-        _worker([int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), float(sys.argv[4]), ag, pp,
-                sys.argv[7].startswith("realtime"), sys.argv[7].endswith("+pin"),
-                int(sys.argv[8]) if len(sys.argv) == 9 else ROUNDS)  # fmt: skip
-    else:
-        print("usage: python -m trainsim.testbed.calibrate_worker --worker SIZES REPS BUDGET_S AG_SIZES|- P2P_SIZES|- "
-              "default|realtime[+pin] [ROUNDS] (started by `trainsim calibrate`)")  # fmt: skip
-        sys.exit(2)
+    rank_main(_rank, "one rank of a link calibration (started by trainsim calibrate)")

@@ -1,17 +1,20 @@
 """Start one torch.distributed (gloo) process per rank, each in its own namespace or on loopback.
 
     >>> from trainsim.testbed.launch import launch
-    >>> outs = launch(2, ["-m", "trainsim.testbed.calibrate_worker", "--worker", "1024"], net=None)  # doctest: +SKIP
+    >>> results = run_json(2, "trainsim.testbed.wirecost", {"sizes": [1024], "window_s": 1.0}, net=None)  # doctest: +SKIP
 
 Each rank runs ``python <args>`` with the environment torchrun would give it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), one intra-op thread (``OMP_NUM_THREADS=1``) and
 ``GLOO_SOCKET_IFNAME`` set to the namespace's interface (``lo`` on loopback). ``launch`` returns every
 rank's stdout. It is ``trainsim.run.ranks.launch`` with these variables: when a rank fails or the
 timeout passes, all ranks are killed and ``RankFailed`` names the rank with the end of its stderr.
+``run_json`` runs a worker module of the one worker protocol (``trainsim.run.ranks.rank_main``: a
+``--config`` JSON in, each rank's JSON result as its last stdout line) and returns the results.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,3 +81,13 @@ def launch(
         return subprocess.Popen(list(argv), env=env, start_new_session=True, **kw)
 
     return ranks.launch(argvs, popen=popen, timeout_s=timeout_s, capture_stdout=True)
+
+
+def run_json(
+    world: int, module: str, config: Any, *, net: Netns | None, timeout_s: float = 300.0, threads: int = 1
+) -> list[Any]:
+    """Run worker ``module`` (``rank_main``'s protocol) with ``config`` on ``world`` ranks; return each
+    rank's result (the JSON of its last stdout line; None for a rank that printed none)."""
+    outs = launch(world, ["-m", module, "--config", json.dumps(config)], net=net, timeout_s=timeout_s, threads=threads)
+    lines = [o.strip().splitlines() for o in outs]
+    return [json.loads(ln[-1]) if ln else None for ln in lines]

@@ -223,7 +223,7 @@ def profile_model(key: tuple[str, int, int], workdir: Path, *, steps: int = 8) -
     from trainsim.graph.ir import TaskKind
     from trainsim.models.zoo import ZooSpec, build
     from trainsim.run.traced import TracedRunConfig, traced_run
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.transform.dataparallel import read_params
     from trainsim.transform.primitives import scale
 
@@ -240,9 +240,9 @@ def profile_model(key: tuple[str, int, int], workdir: Path, *, steps: int = 8) -
     params, layers = read_params(sidecar_path(trace))
     m, _ = build(model, spec=ZooSpec(width=width, depth=depth))
     buffer_bytes = sum(b.numel() * b.element_size() for b in m.buffers())
-    cfg = json.dumps({"model": model, "width": width, "depth": depth, "mode": "overhead", "steps": max(4, steps),
-                      "warmup": 2, "slice_bytes": 1 << 20})  # fmt: skip
-    data = json.loads(launch(1, ["-m", "trainsim.validate.dp_worker", cfg], net=None, timeout_s=300)[0].strip().splitlines()[-1])
+    cfg = {"model": model, "width": width, "depth": depth, "mode": "overhead", "steps": max(4, steps), "warmup": 2,
+           "slice_bytes": 1 << 20}  # fmt: skip
+    data = run_json(1, "trainsim.validate.dp_worker", cfg, net=None, timeout_s=300)[0]
     return Profile(g, params, layers, buffer_bytes, plain, traced_ms, float(data["overhead_ms"]),
                    float(data["p3_overhead_ms"]), float(data["finalize_ms"]))  # fmt: skip
 
@@ -332,16 +332,14 @@ def run_config(cfg: RunConfig, *, steps: int, warmup: int, agree_rounds: bool, n
     """Run ``cfg`` for real (``dp_worker``, one gloo process per namespace on a link shaped for it, or
     on loopback when ``netns`` is False); return the median step (the slowest rank's, ms) and the run's
     diagnostics."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns
 
     wcfg = {"model": cfg.model, "width": cfg.width, "depth": cfg.depth, "mode": cfg.mode, "steps": steps,
             "warmup": warmup, "bucket_cap_mb": cfg.bucket_cap_mb, "slice_bytes": cfg.slice_bytes,
             "partition_bytes": cfg.partition_bytes, "credit": cfg.credit, "agree_rounds": agree_rounds}  # fmt: skip
-    argv = ["-m", "trainsim.validate.dp_worker", json.dumps(wcfg)]
     with Netns(cfg.world, rate_mbit=cfg.rate_mbit, delay_ms=cfg.delay_ms) if netns else contextlib.nullcontext() as net:
-        out = launch(cfg.world, argv, net=net, timeout_s=600)
-    data = json.loads(out[0].strip().splitlines()[-1])
+        data = run_json(cfg.world, "trainsim.validate.dp_worker", wcfg, net=net, timeout_s=600)[0]
     meas = [float(x) for x in data["step_ms"]]
     diag = {"steps_ms": [round(x, 3) for x in meas], "params_in_sync": bool(data.get("params_in_sync", True)),
             "where": "netns" if netns else "loopback"}  # fmt: skip

@@ -1,7 +1,9 @@
 """One rank of a real data-parallel training run (started by ``trainsim validate dp``, one per namespace).
 
     $ RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... \\
-      python -m trainsim.validate.dp_worker '{"model": "mlp", "mode": "ddp", "steps": 6, "warmup": 3}'
+      python -m trainsim.validate.dp_worker --config '{"model": "mlp", "mode": "ddp", "steps": 6, "warmup": 3}'
+
+(``testbed.launch.run_json`` starts it so; ``trainsim.run.ranks.rank_main``'s protocol.)
 
 Modes:
 
@@ -28,15 +30,12 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
-import os
 import statistics
-import sys
 import time
 from typing import Any
 
 from trainsim.run.p3 import P3Runtime
-from trainsim.run.ranks import loop_marks, step_starts
+from trainsim.run.ranks import loop_marks, rank_main, step_starts, write_result
 from trainsim.transform.scheduling import BYTESCHEDULER_CREDIT as BS_CREDIT
 from trainsim.transform.scheduling import BYTESCHEDULER_PARTITION_BYTES as BS_PARTITION_BYTES
 
@@ -182,7 +181,8 @@ def ddp_finalize_ms(model: Any, batch: Any, loss_fn: Any, lr: float, warmup: int
     return max(0.0, float(statistics.median(out)))
 
 
-def main(cfg: dict[str, Any]) -> None:
+def main(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    """One rank (``rank_main``'s body): the process group from torchrun's variables."""
     import torch
     import torch.distributed as dist
 
@@ -199,10 +199,9 @@ def main(cfg: dict[str, Any]) -> None:
     dist.init_process_group("gloo")
     if mode == "overhead":  # one process: DDP's own host cost per step (see ``ddp_overhead``)
         slice_bytes = int(cfg.get("slice_bytes", 256 * 1024))
-        print(json.dumps(runtime_overhead(model, batch, loss_fn, lr, warmup, steps, slice_bytes)), flush=True)
+        write_result(out, runtime_overhead(model, batch, loss_fn, lr, warmup, steps, slice_bytes))
         dist.destroy_process_group()
         return
-    rank = dist.get_rank()
     extra: dict[str, Any] = {}
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -242,15 +241,9 @@ def main(cfg: dict[str, Any]) -> None:
     dist.all_gather(both, check)
     in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
     if rank == 0 or "p3_log" in extra:  # traced: every rank's timeline (its own stdout)
-        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "param_sum": float(check), **extra}),
-              flush=True)  # fmt: skip
+        write_result(out, {"step_ms": t.tolist(), "params_in_sync": in_sync, "param_sum": float(check), **extra})
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or "RANK" not in os.environ:
-        print("usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m trainsim.validate.dp_worker JSON")
-        sys.exit(2)
-    main(json.loads(sys.argv[1]))
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: gloo/DDP threads can abort in static destructors after the work is done
+    rank_main(main, "one rank of a real data-parallel run (started by trainsim validate dp)")
