@@ -74,12 +74,12 @@ def main() -> int:
     ap.add_argument("--delay", type=float, default=0.0, help="added one-way latency, ms")
     ap.add_argument("--sizes", default="16384,65536,262144,1048576", help="bytes per rank, comma-separated")
     args = ap.parse_args()
-    from cluster_common import command_line, stamp, write_section
+    from results import record_report, stamp
     from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns
 
     sizes = [int(s) for s in args.sizes.split(",")]
-    head = stamp(command_line())
+    head = stamp()
     with Netns(2, rate_mbit=args.rate, delay_ms=args.delay) as net:
         outs = launch(2, [__file__, "--worker", ",".join(map(str, sizes))], net=net, timeout_s=900)
     data = json.loads(outs[0].strip().splitlines()[-1])
@@ -104,7 +104,7 @@ def main() -> int:
         )
     text = "\n".join(lines)
     print(text)
-    write_section("busy_collective", text)
+    record_report("cluster", "busy_collective", text)
     return 0
 
 

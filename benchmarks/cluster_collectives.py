@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_common import DOC, command_line, stamp, write_section
+from results import DIR, record_report, stamp
 
 # (rate Mbit/s, one-way delay ms, largest message): 256 MiB where a message takes seconds, not minutes
 LINKS = ((1000.0, 0.0, 256 << 20), (100.0, 0.0, 64 << 20), (100.0, 5.0, 64 << 20))
@@ -64,7 +64,7 @@ def main() -> int:
     if reason is not None:
         print(f"cannot shape links here ({reason}); nothing to measure", file=sys.stderr)
         return 1
-    head = stamp(command_line())
+    head = stamp()
     t0 = time.monotonic()
     lines = [
         "## Calibrated gloo all-reduce model vs measurement (2 processes, shaped links)",
@@ -138,7 +138,7 @@ def main() -> int:
             lines.append(
                 f"Fit ({sched}): a = {fit.a_us:.1f} us, floor = {fit.floor_us:.1f} us, b = "
                 f"{fit.b_us_per_byte * 1e3:.4f} us/KB, b0 = {fit.b0_us_per_byte * 1e3:.4f} us/KB (ring model: alpha {fit.link.latency_us:.1f} us/step, "
-                f"bandwidth {fit.link.bw_gbps * 8e3:.1f} Mbit/s); sizes around the knee: "
+                f"bandwidth {fit.link.bw_gbyte_s * 8e3:.1f} Mbit/s); sizes around the knee: "
                 + (", ".join(f"{_size(x)} {t:,.0f} us" for x, t in zip(fit.knee_sizes_bytes, fit.knee_measured_us,
                                                                        strict=True)) or "-")
                 + "; splitting its steepest steps (`step_sizes`, in the floor launches): "
@@ -180,10 +180,10 @@ def main() -> int:
     if args.no_write:
         print("\n".join(lines))
         return 0
-    write_section("collectives" + ("_quick" if args.quick else ""), "\n".join(lines))
+    record_report("cluster", "collectives" + ("_quick" if args.quick else ""), "\n".join(lines))
     if not args.quick:
-        (DOC.parent / "cluster_collectives.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print(f"worst |error| {worst_all} -> {DOC}")
+        (DIR / "cluster_collectives.json").write_text(json.dumps(raw, indent=1) + "\n")
+    print(f"worst |error| {worst_all} -> {DIR}")
     return 0
 
 

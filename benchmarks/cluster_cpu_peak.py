@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_common import DOC, command_line, stamp, write_section
+from results import DIR, record_report, stamp
 
 
 def main() -> int:
@@ -45,14 +45,14 @@ def main() -> int:
     lines = [
         "## This machine's CPU (catalog entry `this-cpu`)",
         "",
-        stamp(command_line()),
+        stamp(),
         "| figure | value |",
         "|---|---:|",
         *[f"| peak {name} matmul (torch.mm {n}x{n}, {torch.get_num_threads()} threads) | {tf:.3f} TFLOP/s |" for name, tf in rows],
         f"| memory bandwidth (256 MiB copy, read + write) | {bw:.1f} GB/s |",
     ]
-    write_section("cpu_peak", "\n".join(lines))
-    print("\n".join(lines[-4:]), f"\n-> {DOC}")
+    record_report("cluster", "cpu_peak", "\n".join(lines))
+    print("\n".join(lines[-4:]), f"\n-> {DIR}")
     return 0
 
 

@@ -91,7 +91,7 @@ def main() -> int:
     if args.worker:
         worker(*args.worker)
         return 0
-    from cluster_common import command_line, stamp, write_section
+    from results import record_report, stamp
     from trainsim.testbed.launch import launch
     from trainsim.testbed.netns import Netns, netns_unavailable
 
@@ -99,7 +99,7 @@ def main() -> int:
     if reason is not None:
         print(f"cannot shape links here ({reason}); nothing to measure", file=sys.stderr)
         return 1
-    head = stamp(command_line())
+    head = stamp()
     launches = 2 if args.quick else args.launches
     wargs = [str(Path(__file__).resolve()), "--worker", str(args.size), str(args.blocks), str(args.calls)]
     rows, summary, notes = [], [], []
@@ -143,7 +143,7 @@ def main() -> int:
         *(f"Note: {n}" for n in notes),
         f"Wall time {time.monotonic() - t0:.0f} s.",
     ]
-    print(write_section("latency_noise", "\n".join(lines)))
+    print(record_report("cluster", "latency_noise", "\n".join(lines)))
     return 0
 
 

@@ -113,7 +113,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two settings per rate")
     ap.add_argument("--seconds", type=float, default=2.5, help="seconds of line rate sent per throughput run")
     args = ap.parse_args()
-    from cluster_common import command_line, stamp, write_section
+    from results import record_report, stamp
     from trainsim.testbed import netns
 
     if args.rounds < 1 or args.seconds <= 0:
@@ -123,7 +123,7 @@ def main() -> int:
     if reason is not None:
         print(f"cannot shape links here ({reason}); nothing to measure", file=sys.stderr)
         return 1
-    head = stamp(command_line())
+    head = stamp()
     rates = args.rate or [1000.0, 500.0, 100.0]
     ours = netns.gso_bytes
     settings = {"kernel default (64 KiB)": lambda r, m: netns.GSO_DEFAULT, "trainsim (gso_bytes)": ours}
@@ -167,7 +167,7 @@ def main() -> int:
         )
     text = "\n".join(lines)
     print(text)
-    write_section("link", text)
+    record_report("cluster", "link", text)
     return 0
 
 

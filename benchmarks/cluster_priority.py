@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_common import DOC, command_line, stamp, write_section
+from results import DIR, record_report, stamp
 
 CASES = (("cnn", 100.0, 0.0), ("cnn", 20.0, 10.0), ("mlp", 200.0, 0.0))
 
@@ -33,7 +33,7 @@ def main() -> int:
     from trainsim.validate.dp import RUN_MODES, RunConfig, run_validation
 
     mcal, cal_path = load_machine()
-    head = stamp(command_line())
+    head = stamp()
     t0 = time.monotonic()
     cases = CASES[:1] if args.quick else CASES
     lines = [
@@ -68,8 +68,8 @@ def main() -> int:
         "its rounds on a process group of their own. Speed-up = DDP / the mode, from the same run.",
         f"Wall time {time.monotonic() - t0:.0f} s.",
     ]
-    write_section("priority" + ("_quick" if args.quick else ""), "\n".join(lines))
-    print(f"-> {DOC}")
+    record_report("cluster", "priority" + ("_quick" if args.quick else ""), "\n".join(lines))
+    print(f"-> {DIR}")
     return 0
 
 

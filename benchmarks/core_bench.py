@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -191,6 +190,8 @@ def main() -> None:
     a = ap.parse_args()
     import tempfile
 
+    from results import stamp
+
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         fid = fidelity(tmp, a.quick)
@@ -201,8 +202,7 @@ def main() -> None:
         " --hta-python PATH" if a.hta_python else "")  # fmt: skip
     lines = [
         "# Core benchmarks (replay fidelity, ingestion, simulation)", "",
-        f"Command: `{cmd}`  ", f"Machine: {platform.machine()}, {_cpu()}, {_cores()} cores, Python {platform.python_version()}  ",
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+        stamp(cmd),
         "## Replay fidelity (simulated vs measured step time, per step)", "",
         "| trace | steps | tasks | measured ms (mean) | simulated ms (mean) | median error % | max error % |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -283,22 +283,6 @@ def _record(cmd: str, fid: list[dict], ing: dict, sims: list[dict], out: Path | 
                                round(r["python_tasks_per_s"]) if r["python_tasks_per_s"] else None] for r in sims]},
            summary=[f"Target: >= 1M tasks/s; cost per task, largest vs smallest graph, {r2(growth)}x (target <= 1.5x)."],
            data=sims)  # fmt: skip
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 if __name__ == "__main__":

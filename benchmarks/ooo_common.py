@@ -1,5 +1,5 @@
-"""Shared by the ooo_* benchmarks: the machine stamp of a report, recording it as a result, and running
-a ``trainsim validate`` command of the out-of-sample protocol (``trainsim.validate.protocol``).
+"""Shared by the ooo_* benchmarks: running a ``trainsim validate`` command of the out-of-sample protocol
+(``trainsim.validate.protocol``) several times and recording the runs (the report's header: ``results.stamp``).
 
 Each script writes one record, ``docs/benchmarks/ooo.<name>.json`` (``results.record_report`` or
 ``results.record``: its first table is the headline), so they run in any order; ``python3 dev.py
@@ -9,64 +9,25 @@ results`` renders them.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from results import DIR, command_line, git_rev, record, record_report
-
-ROOT = Path(__file__).resolve().parents[1]
-DOC = DIR / "ooo.md"  # only its folder is used: raw files go beside the records
-
-
-def machine() -> str:
-    import torch
-
-    from trainsim.transform.opcost import cpu_model
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (
-        f"{cpu_model()}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, {gpu}; load average {os.getloadavg()[0]:.2f} at start"
-    )
-
-
-def stamp() -> str:
-    cmd = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
-    return (
-        f"Command: `{cmd}`  \nMachine: {machine()}  \n"
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-    )
-
-
-def write_section(name: str, body: str) -> Path:
-    """Record one benchmark's report as ``docs/benchmarks/ooo.<name>.json`` (``ooo_dp`` -> ``ooo.dp.json``)."""
-    return record_report("ooo", name.removeprefix("ooo_"), body)
+from results import DIR, command_line, git_rev, record
 
 
 # --------------------------------------------------------------------------- protocol validations
 def run_validations(subcommand: str, extra: list[str], runs: int, seed: int | None) -> list[dict[str, Any]]:
     """``trainsim validate <subcommand> <extra>`` ``runs`` times in a row (seeds ``seed``, ``seed + 1`` ...,
-    or fresh ones), each into a temporary result file; the documents, each with its wall time."""
+    or fresh ones); the documents, each with its wall time (``validate_common.run_validation_cli``)."""
+    from validate_common import run_validation_cli
+
     docs = []
-    tmp = DIR / f"ooo_{subcommand}.partial.json"
     for i in range(runs):
-        tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "trainsim", "validate", subcommand, *extra, "--out", str(tmp)]
-        if seed is not None:
-            cmd += ["--seed", str(seed + i)]
-        print("$ " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
-        t0 = time.monotonic()
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        doc = json.loads(tmp.read_text())
-        doc["wall_s"] = round(time.monotonic() - t0, 1)
-        docs.append(doc)
-    tmp.unlink(missing_ok=True)
+        args = [subcommand, *extra, *(["--seed", str(seed + i)] if seed is not None else [])]
+        print("$ trainsim validate " + " ".join(shlex.quote(c) for c in args), file=sys.stderr)
+        docs.append(run_validation_cli(args, None))
     return docs
 
 
@@ -86,9 +47,9 @@ def headline_rows(docs: list[dict[str, Any]]) -> dict[str, list[Any]]:
 def record_validations(name: str, title: str, docs: list[dict[str, Any]], summary: list[str]) -> None:
     """Write ``docs/benchmarks/<name>.json`` (the result documents with the command, machine, date and
     git revision) and the record ``docs/benchmarks/ooo.<name without ooo_>.json``."""
-    from results import machine as machine_text
+    from results import machine, machine_detail
 
-    raw = {"command": command_line(), "machine": machine_text(), "machine_detail": machine(),
+    raw = {"command": command_line(), "machine": machine(), "machine_detail": machine_detail(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git_rev": git_rev(),
            "validations": docs}  # fmt: skip
     (DIR / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")

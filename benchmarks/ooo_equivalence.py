@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ooo_common import stamp, write_section
+from results import record_report, stamp
 
 TOL = 1e-5
 
@@ -115,7 +115,7 @@ def main() -> int:
         "(~1e-7 relative) per step, compounded through 100 momentum-SGD updates, stays well below 1e-5; a "
         "real ordering bug (a stale weight, a missing gradient) shows up at 1e-3 or more within a few steps.",
     ]
-    print(write_section("ooo_equivalence", "\n".join(lines)))
+    print(record_report("ooo", "equivalence", "\n".join(lines)))
     return 0
 
 

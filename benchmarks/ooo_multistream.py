@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ooo_common import stamp, write_section
+from results import record_report, stamp
 
 
 def main() -> int:
@@ -44,7 +44,7 @@ def main() -> int:
         "kernels share SMs and the real gain depends on how much of the device one stream leaves idle "
         "(the paper's single-GPU gains, 1.03-1.58x, come mostly from masking kernel-launch overhead).",
     ]
-    print(write_section("ooo_multistream", "\n".join(lines)))
+    print(record_report("ooo", "multistream", "\n".join(lines)))
     return 0
 
 

@@ -15,26 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ooo_common import write_section
-
-
-def _stamp() -> str:
-    import torch
-
-    cmd = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
-    return (
-        f"Command: `{cmd}`  \nMachine: {torch.cuda.get_device_name(0)}, {platform.machine()}, Linux "
-        f"{platform.release()}, Python {platform.python_version()}, torch {torch.__version__}  \n"
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-    )
+from results import record_report, stamp
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from trainsim.validate.multistream import FULL, QUICK, StreamCase, run_multistream_validation
 
-    head = _stamp() if a.device == "cuda" else "(CPU smoke test)\n"
+    head = stamp() if a.device == "cuda" else "(CPU smoke test)\n"
     out = run_multistream_validation(
         FULL if a.device == "cuda" else QUICK, device=a.device, log=lambda s: print(s, file=sys.stderr)
     )
@@ -88,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("\n".join(lines))
     if a.device == "cuda":
-        print(write_section("ooo_multistream_gpu", "\n".join(lines)))
+        print(record_report("ooo", "multistream_gpu", "\n".join(lines)))
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ooo_common import stamp, write_section
+from results import record_report, stamp
 
 STEPS = 24
 WARMUP = 4
@@ -90,7 +90,7 @@ def main() -> int:
             f"{sum(a):.2f} | {sum(b):.2f} | {sum(b) / sum(a):.3f}x |"
         )
         print(lines[-1], file=sys.stderr)
-    print(write_section("ooo_w_order", "\n".join(lines)))
+    print(record_report("ooo", "w_order", "\n".join(lines)))
     return 0
 
 

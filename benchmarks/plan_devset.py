@@ -18,7 +18,6 @@ import csv
 import datetime
 import json
 import math
-import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -119,18 +118,12 @@ def fit(rows: list[Row], base: Efficiency = PRIOR, maxfev: int = 120) -> Efficie
     return _eff(best.x, base)
 
 
-def _git() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="shipped constants only (no fit, no leave-one-source-out)")
     args = ap.parse_args()
-    from plan_report import machine, write_section
+    from plan_report import write_section
+    from results import git_rev, machine_detail
 
     rows = load()
     sources = sorted({r.source for r in rows})
@@ -139,9 +132,9 @@ def main() -> None:
     err_shipped = np.array([p / r.value - 1 for (p, _), r in zip(shipped, rows, strict=True)])
     out: dict[str, object] = {
         "command": "python benchmarks/plan_devset.py" + (" --quick" if args.quick else ""),
-        "machine": machine(),
+        "machine": machine_detail(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "git_revision": _git(),
+        "git_revision": git_rev(),
         "rows": len(rows), "sources": sources,
         "fitted_constants": list(FITTED),
     }  # fmt: skip

@@ -47,6 +47,28 @@ def machine() -> str:
     return text
 
 
+def machine_detail() -> str:
+    """``machine()`` with the kernel, Python, torch and the load average at start: the header of a report."""
+    import platform
+
+    import torch
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{machine()}, Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{gpu}; load average {load:.2f} at start"
+    )
+
+
+def stamp(command: str | None = None) -> str:
+    """A report's header: the command (default ``command_line()``), the machine and the date (UTC)."""
+    return (
+        f"Command: `{command or command_line()}`  \nMachine: {machine_detail()}  \n"
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+    )
+
+
 def git_rev() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
