@@ -15,13 +15,12 @@ a record docs/benchmarks/cluster.<name>.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -34,7 +33,11 @@ def _stamp(into: list[float], _fut: object) -> None:
     into.append(time.perf_counter())
 
 
-def _worker(sizes: list[int]) -> None:
+def _worker(cfg: dict[str, Any], rank: int, master: str, port: int, out_to: str) -> None:
+    """One rank (``rank_main``'s body): the process group from torchrun's variables."""
+    from trainsim.run.ranks import write_result
+
+    sizes = [int(s) for s in cfg["sizes"]]
     import torch
     import torch.distributed as dist
 
@@ -65,7 +68,7 @@ def _worker(sizes: list[int]) -> None:
                     fut.wait()
                     out[str(size)][mode].append((done[0] - t0) * 1e3)
     if dist.get_rank() == 0:
-        print(json.dumps(out), flush=True)
+        write_result(out_to, out)
 
 
 def main() -> int:
@@ -75,14 +78,13 @@ def main() -> int:
     ap.add_argument("--sizes", default="16384,65536,262144,1048576", help="bytes per rank, comma-separated")
     args = ap.parse_args()
     from results import record_report, stamp
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns
 
     sizes = [int(s) for s in args.sizes.split(",")]
     head = stamp()
     with Netns(2, rate_mbit=args.rate, delay_ms=args.delay) as net:
-        outs = launch(2, [__file__, "--worker", ",".join(map(str, sizes))], net=net, timeout_s=900)
-    data = json.loads(outs[0].strip().splitlines()[-1])
+        data = run_json(2, __file__, {"sizes": sizes}, net=net, timeout_s=900)[0]
     lines = [
         f"## A gloo all-gather while both ranks compute ({args.rate:g} Mbit/s, +{args.delay:g} ms)",
         "",
@@ -109,8 +111,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker" and "RANK" in os.environ:
-        _worker([int(s) for s in sys.argv[2].split(",")])
-        sys.stdout.flush()
-        os._exit(0)  # skip gloo's teardown (its threads can abort at exit on torch 2.13)
+    if "--config" in sys.argv:  # one rank, started by run_json
+        from trainsim.run.ranks import rank_main
+
+        rank_main(_worker, "one rank of cluster_busy_collective.py")
     sys.exit(main())

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import struct
@@ -33,12 +32,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def worker(size: int, blocks: int, calls: int) -> None:
-    """One rank: pinned, real-time class, ``blocks`` blocks of ``calls`` all-reduces of ``size`` bytes."""
+def worker(cfg: dict[str, int], rank: int, master: str, port: int, out_to: str) -> None:
+    """One rank (``rank_main``'s body): pinned, real-time class, ``blocks`` blocks of ``calls`` all-reduces
+    of ``size`` bytes."""
     import torch
     import torch.distributed as dist
 
+    from trainsim.run.ranks import write_result
     from trainsim.testbed.calibrate_host import pin, realtime
+
+    size, blocks, calls = cfg["size"], cfg["blocks"], cfg["calls"]
 
     torch.set_num_threads(1)
     pin_error, sched_error = pin(), realtime()
@@ -54,9 +57,7 @@ def worker(size: int, blocks: int, calls: int) -> None:
             dist.all_reduce(x)
         out.append((time.perf_counter() - t0) / calls * 1e6)
     if dist.get_rank() == 0:
-        print(json.dumps({"blocks_us": out, "pinned": pin_error is None, "realtime": sched_error is None}), flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # skip gloo's teardown
+        write_result(out_to, {"blocks_us": out, "pinned": pin_error is None, "realtime": sched_error is None})
 
 
 @contextlib.contextmanager
@@ -86,13 +87,9 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=6)
     ap.add_argument("--blocks", type=int, default=16)
     ap.add_argument("--calls", type=int, default=1500)
-    ap.add_argument("--worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker(*args.worker)
-        return 0
     from results import record_report, stamp
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
@@ -101,7 +98,7 @@ def main() -> int:
         return 1
     head = stamp()
     launches = 2 if args.quick else args.launches
-    wargs = [str(Path(__file__).resolve()), "--worker", str(args.size), str(args.blocks), str(args.calls)]
+    wcfg = {"size": args.size, "blocks": args.blocks, "calls": args.calls}
     rows, summary, notes = [], [], []
     t0 = time.monotonic()
     with Netns(2, rate_mbit=args.rate, delay_ms=0.0) as net:
@@ -113,7 +110,7 @@ def main() -> int:
                     continue
                 medians, every = [], []
                 for i in range(launches):
-                    data = json.loads(launch(2, wargs, net=net, timeout_s=300)[0].strip().splitlines()[-1])
+                    data = run_json(2, str(Path(__file__).resolve()), wcfg, net=net, timeout_s=300)[0]
                     if not (data["pinned"] and data["realtime"]):
                         notes.append(f"{policy}, launch {i + 1}: pinned {data['pinned']}, real-time {data['realtime']}")
                     b = data["blocks_us"]
@@ -148,4 +145,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--config" in sys.argv:  # one rank, started by run_json
+        from trainsim.run.ranks import rank_main
+
+        rank_main(worker, "one rank of cluster_latency_noise.py")
     sys.exit(main())

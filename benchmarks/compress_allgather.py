@@ -33,11 +33,13 @@ SIZES = (132_376, 163_864)
 PATTERNS = ("one", "back to back", "in flight")
 
 
-def worker(cfg: dict[str, Any]) -> None:
+def worker(cfg: dict[str, Any], rank: int, master: str, port: int, out_to: str) -> None:
+    """One rank (``rank_main``'s body): the process group from torchrun's variables."""
     import torch
     import torch.distributed as dist
 
     from trainsim.run.casync import all_gather_bytes
+    from trainsim.run.ranks import write_result
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -69,10 +71,8 @@ def worker(cfg: dict[str, Any]) -> None:
     tt = torch.tensor([times[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(tt, op=dist.ReduceOp.MAX)  # the slower rank's time per call
     if dist.get_rank() == 0:
-        print(json.dumps({k: tt[i].tolist() for i, k in enumerate(keys)}), flush=True)
+        write_result(out_to, {k: tt[i].tolist() for i, k in enumerate(keys)})
     dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)  # skip gloo's teardown (its threads can abort at exit on torch 2.13)
 
 
 def training_ms(net: Any, method: str, steps: int) -> float:
@@ -87,15 +87,11 @@ def training_ms(net: Any, method: str, steps: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        worker(json.loads(args.worker))
-        return 0
     import torch
 
     from compress_convergence import OUT_MD, write_section
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns, netns_unavailable
 
     reason = netns_unavailable()
@@ -112,8 +108,7 @@ def main() -> int:
         with Netns(2, rate_mbit=rate) as net:
             print(f"{time.monotonic() - t0:6.1f}s {rate:g} Mbit/s: {rounds} rounds of all-gathers", file=sys.stderr)
             cfg = {"sizes": list(SIZES), "rounds": rounds}
-            out = launch(2, [__file__, "--worker", json.dumps(cfg)], net=net, timeout_s=600)
-            times = json.loads(out[0].strip().splitlines()[-1])
+            times = run_json(2, __file__, cfg, net=net, timeout_s=600)[0]
             wire_ms = {p: 1e3 * n / (rate * 1e6 / 8) for p, n in
                        (("one", SIZES[0]), ("back to back", sum(SIZES)), ("in flight", sum(SIZES)))}  # fmt: skip
             for p in PATTERNS:
@@ -168,4 +163,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--config" in sys.argv:  # one rank, started by run_json
+        from trainsim.run.ranks import rank_main
+
+        rank_main(worker, "one rank of compress_allgather.py")
     sys.exit(main())

@@ -43,9 +43,14 @@ def _schedstat() -> dict[int, tuple[float, float]]:
     return out
 
 
-def _worker(sizes: list[int], window_s: float, rounds: int, ops: list[str]) -> None:
+def _worker(cfg: dict[str, Any], _rank: int, master: str, port: int, out_to: str) -> None:
+    """One rank (``rank_main``'s body): the process group from torchrun's variables."""
     import torch
     import torch.distributed as dist
+
+    from trainsim.run.ranks import write_result
+
+    sizes, window_s, rounds, ops = [int(s) for s in cfg["sizes"]], float(cfg["window_s"]), int(cfg["rounds"]), list(cfg["ops"])
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -128,7 +133,7 @@ def _worker(sizes: list[int], window_s: float, rounds: int, ops: list[str]) -> N
     stop.set()
     th.join()
     if rank == 0:
-        print(json.dumps(rows), flush=True)
+        write_result(out_to, rows)
     dist.destroy_process_group()
 
 
@@ -145,19 +150,19 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns
 
-    args = [str(Path(__file__).resolve()), "--worker", ",".join(map(str, SIZES)), str(a.window), str(a.rounds), a.ops]
+    wcfg = {"sizes": list(SIZES), "window_s": a.window, "rounds": a.rounds, "ops": a.ops.split(",")}
+    me = str(Path(__file__).resolve())
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg": os.getloadavg()[0],
                            "links": {}}  # fmt: skip
     for rate in [float(r) for r in a.rates.split(",")]:
         if rate:
             with Netns(2, rate_mbit=rate) as net:
-                out = launch(2, args, net=net, timeout_s=600)
+                rows = run_json(2, me, wcfg, net=net, timeout_s=600)[0]
         else:
-            out = launch(2, args, net=None, timeout_s=600)
-        rows = json.loads(out[0].strip().splitlines()[-1])
+            rows = run_json(2, me, wcfg, net=None, timeout_s=600)[0]
         name = f"{rate:g} Mbit/s" if rate else "loopback"
         doc["links"][name] = rows
         print(f"\n{name}\n{'op':>9} {'bytes':>8} {'n':>5} " + " ".join(f"{c:>15}" for c in COLS))
@@ -168,7 +173,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
-        _worker([int(s) for s in sys.argv[2].split(",")], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5].split(","))
-    else:
-        main()
+    if "--config" in sys.argv:  # one rank, started by run_json
+        from trainsim.run.ranks import rank_main
+
+        rank_main(_worker, "one rank of gloo_cpu_cost.py")
+    main()

@@ -86,8 +86,10 @@ def launch(
 def run_json(
     world: int, module: str, config: Any, *, net: Netns | None, timeout_s: float = 300.0, threads: int = 1
 ) -> list[Any]:
-    """Run worker ``module`` (``rank_main``'s protocol) with ``config`` on ``world`` ranks; return each
-    rank's result (the JSON of its last stdout line; None for a rank that printed none)."""
-    outs = launch(world, ["-m", module, "--config", json.dumps(config)], net=net, timeout_s=timeout_s, threads=threads)
+    """Run worker ``module`` (``rank_main``'s protocol; a module name, or a script's path ending in .py)
+    with ``config`` on ``world`` ranks; return each rank's result (the JSON of its last stdout line; None
+    for a rank that printed none)."""
+    target = [module] if module.endswith(".py") else ["-m", module]
+    outs = launch(world, [*target, "--config", json.dumps(config)], net=net, timeout_s=timeout_s, threads=threads)
     lines = [o.strip().splitlines() for o in outs]
     return [json.loads(ln[-1]) if ln else None for ln in lines]
