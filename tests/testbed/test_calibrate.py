@@ -67,6 +67,7 @@ def test_level_counts() -> None:
     assert _level_counts(1, 2) == [1] and _level_counts(0, 2) == []
 
 
+@pytest.mark.multiproc  # two launches of two gloo ranks
 def test_loopback_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     from trainsim.testbed import netns
 
