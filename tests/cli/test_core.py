@@ -59,6 +59,13 @@ def test_whatif_json_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert code == 0 and json.loads(out)["whatif"] == ["fused-optimizer", "scale name:sgemm=0.5"]
 
 
+def test_whatif_fused_gbps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(["whatif", str(_trace(tmp_path)), "--fused-optimizer", "--fused-gbps", "100", "--json"], capsys)
+    assert code == 0, err
+    code, _, err = _run(["whatif", str(_trace(tmp_path)), "--fused-optimizer", "--fused-gbps", "nan"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--fused-gbps nan" in err
+
+
 def test_bench_sim_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(["bench-sim", "--tasks", "5000", "--json", "--repeats", "1"], capsys)
     assert code == 0
@@ -83,6 +90,9 @@ def test_bench_sim_json(capsys: pytest.CaptureFixture[str]) -> None:
         ["whatif", "TRACE", "--compress", "onebit", "--rate", "0"],
         ["whatif", "TRACE", "--pipeline", "GPipe", "--stages", "0"],
         ["whatif", "TRACE", "--pipeline", "GPipe", "--microbatches", "0"],
+        ["whatif", "TRACE", "--fused-optimizer", "--fused-gbps", "0"],
+        ["whatif", "TRACE", "--fused-optimizer", "--fused-gbps", "-2"],
+        ["whatif", "TRACE", "--fused-gbps", "5"],  # without --fused-optimizer
     ],
 )
 def test_bad_input_exit_code_2_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]) -> None:

@@ -14,7 +14,7 @@ EXPECTED = {
 }  # fmt: skip
 EXPECTED_VALIDATE = {"calibrate", "compress", "dp", "multistream", "ooo-dp", "pipeline", "whatif"}
 EXPECTED_WHATIF_FLAGS = {
-    "--amp", "--fused-optimizer", "--batch-scale", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
+    "--amp", "--fused-optimizer", "--fused-gbps", "--batch-scale", "--scale", "--ooo-dp", "--pipeline", "--stages", "--microbatches", "--compress",
     "--plan", "--scheme", "--world", "--rate", "--json", "--timeline", "--force", "--device", "--from-device",
     "--dtype", "--network-cluster", "--from-cluster", "--network-bw-factor", "--network-latency-us",
 }  # fmt: skip
@@ -108,7 +108,7 @@ EVERY_COMMAND_FLAGS: dict[str, set[str]] = {
     "validate whatif": {"--force", "--json", "--out", "--pair", "--passes", "--quick", "--seed"},
     "whatif": {
         "--amp", "--batch-scale", "--compress", "--device", "--dtype", "--force", "--from-cluster",
-        "--from-device", "--fused-optimizer", "--json", "--microbatches", "--network-bw-factor",
+        "--from-device", "--fused-gbps", "--fused-optimizer", "--json", "--microbatches", "--network-bw-factor",
         "--network-cluster", "--network-latency-us", "--ooo-dp", "--pipeline", "--plan", "--rate", "--scale",
         "--scheme", "--stages", "--timeline", "--world"
     },

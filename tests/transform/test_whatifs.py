@@ -114,6 +114,99 @@ def test_fused_optimizer_moves_the_parameters_once_at_the_traced_bandwidth(tmp_p
     assert sum(d for n, _, d in ops if n != "aten::add_") - fused.dur_us[upd][0] > 200
 
 
+def test_fused_optimizer_prices_the_kernel_at_the_given_rate(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from trainsim.capture.kineto import read_trace
+    from trainsim.graph.build import build_graph
+
+    path, _, _ = _adam_loop_trace(tmp_path)
+    tr = read_trace(path)
+    g = build_graph(tr)
+    param_bytes = 4 * (N + BIAS)
+    upd = r"lerp_|mul_|addcdiv_"
+    # 10 GB/s = 1e4 bytes per µs: 7 passes over 4,194,368 bytes take 2,936.06 µs, plus one dispatch of 5 µs
+    # (the loop's own rate, 4 MiB per 100 µs, would give 705.0 µs)
+    fused = whatifs.fused_optimizer(g, tr, kernel_gbps=10.0)
+    assert fused.dur_us[select(fused, name=upd)][0] == pytest.approx(5.0 + 7 * param_bytes / 1e4)
+    assert fused.dur_us[select(fused, name=upd)][0] == pytest.approx(2941.0576)
+    # a rate by size (a calibration's curve) is asked at the parameters' bytes
+    asked: list[float] = []
+
+    def curve(b: float) -> float:
+        asked.append(b)
+        return 20.0
+
+    fused = whatifs.fused_optimizer(g, tr, kernel_gbps=curve)
+    assert asked == [param_bytes] and fused.dur_us[select(fused, name=upd)][0] == pytest.approx(5.0 + 7 * param_bytes / 2e4)
+
+
+@pytest.mark.parametrize("bad", [0.0, -3.0, float("nan"), float("inf"), "fast", True])
+def test_fused_optimizer_refuses_a_bad_rate_in_one_line(tmp_path, bad) -> None:  # type: ignore[no-untyped-def]
+    from trainsim.capture.kineto import read_trace
+    from trainsim.graph.build import build_graph
+
+    path, _, _ = _adam_loop_trace(tmp_path)
+    tr = read_trace(path)
+    g = build_graph(tr)
+    with pytest.raises(UserError, match=r"kernel_gbps=.*expected .* > 0") as e:
+        whatifs.fused_optimizer(g, tr, kernel_gbps=bad)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(UserError, match=r"kernel_gbps\(4194368\)=0\.0"):
+        whatifs.fused_optimizer(g, tr, kernel_gbps=lambda b: 0.0)
+
+
+def _adam_gpu_trace(tmp_path, gpu: dict | None):  # type: ignore[no-untyped-def,type-arg]
+    """One Adam loop step on a GPU: per parameter (a 4 MiB weight and a 64 B bias) one update operator
+    launching one kernel; the kernels move their bytes at 4 MiB per 10 µs (the traced rate)."""
+    import json
+
+    from tests.tracefactory import TraceMaker
+
+    t = TraceMaker()
+    ts = 110.0
+    for n in (N, BIAS):
+        for name, tensors in (("aten::lerp_", 2), ("aten::mul_", 1), ("aten::addcdiv_", 3)):
+            dims = [[n]] * tensors + [[]]
+            t.cpu(name, ts, 20, **{"Input Dims": dims, "Input type": ["float"] * len(dims)})
+            t.launch(ts + 2, 10, ts + 15, 10.0 * (tensors + 1) * 4 * n / MiB4, kernel=f"adam_{name[6:]}")
+            ts += 40
+    t.cpu("Optimizer.step#Adam.step", 100, ts - 100, cat="user_annotation")
+    t.step(1, 0, ts + 200)
+    path = t.write(tmp_path / "gpu.json")
+    if gpu is not None:
+        doc = json.loads(path.read_text())
+        doc["deviceProperties"] = [gpu]
+        path.write_text(json.dumps(doc))
+    return path
+
+
+def test_fused_optimizer_on_a_gpu_runs_at_the_catalog_bandwidth(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from trainsim.capture.kineto import read_trace
+    from trainsim.cluster.catalog import device
+    from trainsim.graph.build import build_graph
+
+    v100 = {"name": "Tesla V100-SXM2-32GB", "totalGlobalMem": 34079637504}
+    tr = read_trace(_adam_gpu_trace(tmp_path, v100))
+    assert whatifs.trace_gpu(tr) == device("v100")
+    g = build_graph(tr)
+    fused = whatifs.fused_optimizer(g, tr)
+    k = select(fused, kind="kernel")
+    # V100: 900 GB/s x 0.88 = 792 GB/s = 792,000 bytes per µs; 7 passes over 4,194,368 bytes: 37.07 µs
+    # (the traced kernels' rate, 4 MiB per 10 µs, would give 70.5 µs)
+    assert k.sum() == 1 and fused.dur_us[k][0] == pytest.approx(7 * 4 * (N + BIAS) / 792e3)
+    assert fused.dur_us[k][0] == pytest.approx(37.0722, abs=1e-3)
+    # an A100 80GB named by the trace: 2,039 x 0.88 GB/s; a given rate wins over the catalog
+    tr = read_trace(_adam_gpu_trace(tmp_path, {"name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85e9}))
+    fused = whatifs.fused_optimizer(build_graph(tr), tr)
+    assert fused.dur_us[select(fused, kind="kernel")][0] == pytest.approx(7 * 4 * (N + BIAS) / (2039e3 * 0.88))
+    fused = whatifs.fused_optimizer(build_graph(tr), tr, kernel_gbps=100.0)
+    assert fused.dur_us[select(fused, kind="kernel")][0] == pytest.approx(7 * 4 * (N + BIAS) / 100e3)
+    # a GPU the catalog does not describe (a PCIe board): the traced kernels' rate, 4 MiB per 10 µs
+    tr = read_trace(_adam_gpu_trace(tmp_path, {"name": "NVIDIA H100 PCIe", "totalGlobalMem": 85e9}))
+    assert whatifs.trace_gpu(tr) is None
+    fused = whatifs.fused_optimizer(build_graph(tr), tr)
+    assert fused.dur_us[select(fused, kind="kernel")][0] == pytest.approx(7 * 4 * (N + BIAS) * 10.0 / MiB4)
+
+
 def test_fused_optimizer_without_shapes_keeps_the_sum(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from trainsim.capture.kineto import read_trace
     from trainsim.graph.build import build_graph

@@ -221,3 +221,32 @@ def test_validate_calibrate_cli_loads_a_file(tmp_path: Path, capsys: pytest.Capt
     assert main(["validate", "calibrate", "--file", str(f)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "another machine" in err and "Traceback" not in err
+
+
+def test_fused_kernel_rate_by_size_by_hand() -> None:
+    cal = replace(_cal(), fused_adam_sizes_bytes=[1 << 20, 4 << 20, 16 << 20], fused_adam_gbps=[20.0, 40.0, 30.0])
+    assert cal.fused_kernel_gbps(1 << 20) == pytest.approx(20.0)
+    assert cal.fused_kernel_gbps(2 << 20) == pytest.approx(30.0)  # half-way in log size between 20 and 40
+    assert cal.fused_kernel_gbps(8 << 20) == pytest.approx(35.0)
+    assert cal.fused_kernel_gbps(1 << 10) == 20.0 and cal.fused_kernel_gbps(1 << 30) == 30.0  # held beyond
+    with pytest.raises(UserError, match=r"no fused-kernel pass.*--recalibrate"):
+        _cal().fused_kernel_gbps(1 << 20)
+
+
+def test_a_calibration_without_the_fused_pass_loads_and_gets_it_added(tmp_path: Path) -> None:
+    # a format-5 file written before the pass: the same version, no fused fields; it loads, and
+    # with_fused_kernel measures the pass (a real child process) and saves it, the rest unchanged
+    f = tmp_path / "machine.json"
+    raw = asdict(_cal())
+    del raw["fused_adam_sizes_bytes"], raw["fused_adam_gbps"]
+    f.write_text(json.dumps(raw))
+    cal, _ = mc.load_machine(f)
+    assert cal == _cal() and not cal.fused_adam_gbps
+    done = mc.with_fused_kernel(cal, f)
+    from trainsim.testbed.calibrate_host import FUSED_SIZES
+
+    assert done.fused_adam_sizes_bytes == FUSED_SIZES and len(done.fused_adam_gbps) == len(FUSED_SIZES)
+    assert all(g > 0.1 for g in done.fused_adam_gbps)  # any host moves more than 100 MB/s
+    again, _ = mc.load_machine(f)
+    assert again == done and replace(again, fused_adam_sizes_bytes=[], fused_adam_gbps=[]) == _cal()
+    assert mc.with_fused_kernel(again, f) is again  # measured once

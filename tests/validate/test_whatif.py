@@ -158,7 +158,7 @@ def test_the_simulated_change_is_anchored_on_the_timed_step(
 
     import trainsim.simulate.engine as engine
 
-    monkeypatch.setattr(wi, "whatif_graph", lambda pair, trace: ("replay", "whatif"))
+    monkeypatch.setattr(wi, "whatif_graph", lambda pair, trace, **kw: ("replay", "whatif"))
     steps = {"replay": np.array(replayed), "whatif": np.array(whatif)}
     monkeypatch.setattr(engine, "simulate", lambda g: SimpleNamespace(step_ms=steps[g]))
     pair = next(p for p in wi.fixed_pairs(quick=True) if p.kind == kind)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import warnings
@@ -222,6 +223,9 @@ def _safe_write(path: str, res: Any) -> Path:
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--amp", is_flag=True, help="Automatic mixed precision (GEMM/conv kernels /3, others /2).")
 @click.option("--fused-optimizer", is_flag=True, help="One fused optimizer task per step.")
+@click.option("--fused-gbps", type=float, default=None, metavar="GB/S",
+              help="The fused kernel's rate, bytes moved per second (--fused-optimizer); default: a GPU's catalog "
+                   "bandwidth x 0.88, else the rate the trace's optimizer operators reached.")  # fmt: skip
 @click.option("--batch-scale", type=click.FloatRange(min=0, min_open=True), default=None, metavar="F",
               help="A batch F times larger: ops that take the batch scale, per-parameter work does not (needs the "
                    "trace's sidecar).")  # fmt: skip
@@ -258,7 +262,7 @@ def _safe_write(path: str, res: Any) -> Path:
 @JSON_OPT
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the what-if timeline (Chrome trace).")
 @FORCE_OPT
-def whatif(trace: str, amp: bool, fused_optimizer: bool, batch_scale: float | None, scales: tuple[str, ...], ooo_dp: str | None,
+def whatif(trace: str, amp: bool, fused_optimizer: bool, fused_gbps: float | None, batch_scale: float | None, scales: tuple[str, ...], ooo_dp: str | None,
            pipeline: str | None, compress: str | None, plan_file: str | None, scheme: str | None, world: int | None,
            stages: int, microbatches: int, rate: float, dst_device: str | None, src_device: str | None, dtype: str,
            new_cluster: str | None, old_cluster: str | None, network_bw: float | None,
@@ -301,6 +305,10 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, batch_scale: float | No
     if old_cluster is not None and new_cluster is None:
         raise UserError("whatif: --from-cluster goes with --network-cluster")
     network_scaled = network_bw is not None or network_latency_us is not None
+    if fused_gbps is not None and not fused_optimizer:
+        raise UserError("whatif: --fused-gbps goes with --fused-optimizer")
+    if fused_gbps is not None and not (math.isfinite(fused_gbps) and fused_gbps > 0):
+        raise UserError(f"--fused-gbps {fused_gbps!r}: expected the fused kernel's rate in GB/s, a number > 0")
     if not (amp or fused_optimizer or batch_scale or scales or dst_device or new_cluster or network_scaled):
         raise UserError("whatif: choose at least one of --amp, --fused-optimizer, --batch-scale, --scale, --device, "
                         "--network-cluster, --network-bw-factor, --network-latency-us, --ooo-dp, --pipeline, --compress")  # fmt: skip
@@ -323,7 +331,7 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, batch_scale: float | No
         g2 = whatifs.amp(g2)
         applied.append("amp")
     if fused_optimizer:
-        g2 = whatifs.fused_optimizer(g2, tr)
+        g2 = whatifs.fused_optimizer(g2, tr, kernel_gbps=fused_gbps)
         applied.append("fused-optimizer")
     if batch_scale is not None:
         _, batch, shapes = whatifs.batch_context(trace, tr)

@@ -165,3 +165,78 @@ def pin() -> str | None:
     from trainsim.run.ranks import pin_to_core
 
     return pin_to_core(int(os.environ.get("RANK", "0")))
+
+
+FUSED_SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+"""parameter bytes (float32) of the fused-optimizer pass: x4 apart, from inside the L2 cache to well
+beyond the last level; generic sizes, none of them a validated model's"""
+FUSED_TENSORS = 16
+"""each size is split into this many equal tensors (a generic parameter count)"""
+FUSED_REPEAT_S = 0.1
+"""each size repeats until this much time has passed (at least 5 calls after 2 warm-up calls)"""
+FUSED_ADAM_PASSES = 7
+"""bytes the kernel moves per parameter byte: it reads p, g, m, v and writes p, m, v (as
+``transform.whatifs.FUSED_PASSES["Adam"]``)"""
+
+
+def fused_adam_gbps(sizes: list[int] | None = None, tensors: int = FUSED_TENSORS) -> list[float]:
+    """torch's CPU fused Adam kernel (``torch._fused_adam_``, as ``torch.optim.Adam(fused=True)`` calls
+    it) in this process, per size of ``sizes`` (default ``FUSED_SIZES``): ``FUSED_ADAM_PASSES`` x the
+    parameter bytes over the median time of a call, in GB/s.
+
+    Each timed call takes the next of several copies of the tensors (parameters, gradients, both
+    moments), enough to span twice the last-level cache, so that every call reads its operands from
+    memory as the step's optimizer does after the forward and backward passes evicted them. The caller
+    sets the intra-op threads (``_fused_child``: one, as the validations' ranks run)."""
+    import itertools
+    import statistics
+
+    import torch
+
+    from trainsim.transform.opcost import _cache_bytes
+
+    llc = _cache_bytes() or 32 << 20
+    out = []
+    for size in sizes or FUSED_SIZES:
+        n = max(1, size // 4 // tensors)
+        copies = max(1, -(-2 * llc // (4 * 4 * n * tensors)))
+        sets = [[[torch.rand(n) for _ in range(tensors)] for _ in range(4)] for _ in range(copies)]
+        steps = [torch.tensor(1.0) for _ in range(tensors)]
+        took: list[float] = []
+        for i in itertools.count():
+            p, g, m, v = sets[i % copies]
+            t0 = time.perf_counter()
+            torch._fused_adam_(p, g, m, v, [], steps, lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
+                               amsgrad=False, maximize=False)  # fmt: skip
+            if i >= 2:  # after two warm-up calls
+                took.append(time.perf_counter() - t0)
+            if len(took) >= 5 and sum(took) >= FUSED_REPEAT_S:
+                break
+        out.append(round(FUSED_ADAM_PASSES * 4 * n * tensors / statistics.median(took) / 1e9, 3))
+        del sets
+    return out
+
+
+def fused_adam_pass() -> list[float]:
+    """``fused_adam_gbps`` in a fresh process with one intra-op thread (about two seconds)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = "from trainsim.testbed.calibrate_host import _fused_child; _fused_child()"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode:
+        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        raise RuntimeError(f"the fused Adam kernel pass failed in a child process: {tail}")
+    return [float(x) for x in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def _fused_child() -> None:
+    import json
+
+    import torch
+
+    torch.set_num_threads(1)
+    print(json.dumps(fused_adam_gbps()), flush=True)

@@ -134,6 +134,21 @@ class MachineCalibration:
     delayed_efficiency_grid: list[list[float]] = field(default_factory=list)
     """delivered / nominal rate on those links: (measured - loopback host line - the rendezvous
     latencies) vs the bytes on the wire at the nominal rate"""
+    fused_adam_sizes_bytes: list[int] = field(default_factory=list)
+    """parameter bytes of the fused-kernel pass (``calibrate_host.FUSED_SIZES``; empty: not measured)"""
+    fused_adam_gbps: list[float] = field(default_factory=list)
+    """torch's fused Adam kernel on one thread over parameters of each size: bytes moved per second, GB/s
+    (``calibrate_host.fused_adam_gbps``)"""
+
+    def fused_kernel_gbps(self, param_bytes: float) -> float:
+        """The fused Adam kernel's rate (GB/s) over ``param_bytes`` of parameters: ``fused_adam_gbps``
+        interpolated in log size, held beyond the grid; a ``UserError`` when it was not measured."""
+        import numpy as np
+
+        if not self.fused_adam_gbps:
+            raise UserError("this machine calibration has no fused-kernel pass; run trainsim validate calibrate --recalibrate")
+        ls = np.log(np.asarray(self.fused_adam_sizes_bytes, dtype=float))
+        return float(np.interp(np.log(max(param_bytes, 1.0)), ls, np.asarray(self.fused_adam_gbps, dtype=float)))
 
     def efficiency(self, rate_mbit: float, wire_bytes: float = 1 << 20, *, delay_ms: float = 0.0) -> float:
         """The fraction of ``rate_mbit`` a shaped link delivers to a transfer that puts ``wire_bytes`` on
@@ -233,7 +248,8 @@ class MachineCalibration:
                 "link_efficiency": self.link_efficiency, "efficiency_grid": self.efficiency_grid,
                 "shaped_rates_mbit": self.shaped_rates_mbit, "kernel_ms": self.kernel_ms,
                 "corun_slowdown": self.corun_slowdown, "wire_rates_mbit": self.wire_rates_mbit,
-                "wire_us_per_byte": self.wire_us_per_byte}  # fmt: skip
+                "wire_us_per_byte": self.wire_us_per_byte, "fused_adam_sizes_bytes": self.fused_adam_sizes_bytes,
+                "fused_adam_gbps": self.fused_adam_gbps}  # fmt: skip
 
 
 def identity() -> dict[str, Any]:
@@ -267,10 +283,7 @@ def load_machine(path: Path | None = None, *, recalibrate: bool = False, log: An
     path = path or default_path()
     if recalibrate or not path.exists():
         cal = calibrate_machine(log=log)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text(json.dumps(asdict(cal), indent=1) + "\n")
-        tmp.replace(path)
+        _save(cal, path)
         return cal, path
     try:
         raw = json.loads(path.read_text())
@@ -284,6 +297,28 @@ def load_machine(path: Path | None = None, *, recalibrate: bool = False, log: An
     if cal.machine != here:
         raise UserError(f"{path}: calibration of another machine ({cal.machine}, this is {here}); pass --recalibrate")
     return cal, path
+
+
+def _save(cal: MachineCalibration, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(asdict(cal), indent=1) + "\n")
+    tmp.replace(path)
+
+
+def with_fused_kernel(cal: MachineCalibration, path: Path, *, log: Any = None) -> MachineCalibration:
+    """``cal`` with the fused-kernel pass: as it is when it has one, else measured now (a few seconds)
+    and saved into ``path``, the rest of the file unchanged (a file written before the pass existed)."""
+    from dataclasses import replace
+
+    from trainsim.testbed.calibrate_host import FUSED_SIZES, fused_adam_pass
+
+    if cal.fused_adam_gbps:
+        return cal
+    (log or (lambda s: None))(f"machine calibration: torch's fused Adam kernel over a fixed grid of sizes (added to {path})")
+    cal = replace(cal, fused_adam_sizes_bytes=list(FUSED_SIZES), fused_adam_gbps=fused_adam_pass())
+    _save(cal, path)
+    return cal
 
 
 # --------------------------------------------------------------------------- measuring
@@ -343,6 +378,10 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     rounds = [[_kernel_ms(1)[0], *(statistics.fmean(_kernel_ms(k)) for k in CORUN_PROCS)] for _ in range(3)]
     alone = statistics.median(r[0] for r in rounds)
     corun = {str(k): round(statistics.median(r[j + 1] / r[0] for r in rounds), 3) for j, k in enumerate(CORUN_PROCS)}
+    from trainsim.testbed.calibrate_host import FUSED_SIZES, fused_adam_pass
+
+    say("machine calibration: torch's fused Adam kernel over a fixed grid of sizes")
+    fused = fused_adam_pass()
     from datetime import datetime, timezone
 
     return MachineCalibration(
@@ -355,6 +394,7 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
         kernel_ms=round(alone, 4), corun_slowdown=corun, load_avg=round(load, 2), wire_rates_mbit=wire_rates,
         wire_lost_us=wire_lost, wire_us_per_byte=[lost_per_byte(WIRE_SIZES, w) for w in wire_lost],
         delayed_rates_mbit=delayed_rates, delayed_us=delayed, delayed_efficiency_grid=delayed_grid,
+        fused_adam_sizes_bytes=list(FUSED_SIZES), fused_adam_gbps=fused,
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ import bisect
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -28,6 +28,7 @@ from trainsim.graph.ir import EdgeKind, Mask, TaskGraph, TaskKind
 from trainsim.transform.primitives import remove, scale, select, set_duration
 
 if TYPE_CHECKING:
+    from trainsim.cluster.catalog import Device
     from trainsim.transform.opcost import OpCostTable
 
 # Kernels whose time is dominated by tensor-core-able math (GEMM, convolution). Daydream §5 (AMP):
@@ -56,12 +57,36 @@ SMALL_OP_BYTES = 16 * 1024
 the bytes take <= 3 µs"""
 
 
-def fused_optimizer(g: TaskGraph, trace: Trace | None = None, *, param_bytes: int | None = None) -> TaskGraph:
+FUSED_KERNEL_EFFICIENCY = 0.88
+"""fraction of a GPU's datasheet memory bandwidth that torch's multi-tensor fused Adam kernel moves its
+bytes at. pytorch/pytorch#119842 (multi_tensor_apply_for_fused_optimizer, 2024-02): fused Adam over one
+128-way shard of Llama 2 70B (68.98e9 / 128 parameters, bf16) took 3.578 ms on an H100 with HBM2e at
+500 W, whose datasheet bandwidth is 2.4 TB/s (catalog ``h100-96gb``): 7 passes x 2 bytes x 5.39e8 in
+3.578 ms = 2.11 TB/s, 0.88 of it"""
+
+KernelRate = float | Callable[[float], float]
+"""the fused kernel's rate in GB/s (bytes it moves per second / 1e9): a number, or a function of the
+parameters' bytes (a calibration measured at several sizes, e.g. ``MachineCalibration.fused_kernel_gbps``)"""
+
+
+def fused_optimizer(
+    g: TaskGraph,
+    trace: Trace | None = None,
+    *,
+    param_bytes: int | None = None,
+    kernel_gbps: KernelRate | None = None,
+    device: Device | None = None,
+) -> TaskGraph:
     """Replace each step's per-parameter optimizer operators by one fused call per parameter group.
 
     The fused kernel makes one pass over the parameters: its time is the bytes it must move over the
-    memory bandwidth that the trace's own optimizer operators reached, plus one dispatch per group
-    (torch groups the tensors by device and dtype). Steps:
+    fused kernel's rate on the device, plus one dispatch per group (torch groups the tensors by device
+    and dtype). The rate, in this order: ``kernel_gbps`` (GB/s, or a function of the parameter bytes:
+    on a CPU host, the machine calibration's measurement of torch's fused Adam kernel); on a GPU trace,
+    the catalog device's memory bandwidth (``device``, else the GPU named in the trace's
+    ``deviceProperties``) times ``FUSED_KERNEL_EFFICIENCY``; else the rate the trace's own optimizer
+    operators reached (``bw`` of step 2), which is the per-tensor loop's, not the fused kernel's.
+    Steps:
 
     1. Each optimizer task (inside ``Optimizer.step#<Class>.step``) is matched to the top-level
        operator call covering it (``trace``, read from ``g.source`` when not given; shapes need
@@ -71,21 +96,23 @@ def fused_optimizer(g: TaskGraph, trace: Trace | None = None, *, param_bytes: in
        writes its first input back). ``dispatch_us``: the median time of the calls moving at most
        ``SMALL_OP_BYTES``; ``bw``: the bytes-weighted median over the calls of ``bytes / (time -
        dispatch_us)``, the bandwidth at which the bulk of the optimizer's bytes moved.
-    3. Fused time per step = ``groups * dispatch_us + FUSED_PASSES[Class] * param_bytes / bw``, with
+    3. Fused time per step = ``groups * dispatch_us + FUSED_PASSES[Class] * param_bytes / rate``, with
        ``param_bytes`` from the trace's sidecar (``trainsim profile``), else the smallest per-step sum,
        over operator names, of the calls' first-input bytes (each update op visits every parameter).
-       Assumption: the fused kernel streams each tensor once (Adam: 4 reads + 3 writes of 4-byte
-       elements per parameter, torch's ``_fused_adam_``) at the bandwidth the unfused ops reached.
+       The fused kernel streams each tensor once (Adam: 4 reads + 3 writes of each parameter's
+       elements, torch's ``_fused_adam_``).
     4. The first update call of the step becomes the fused call; the other update calls (and their
        children) go; the range's own time (Python between the calls) is kept in proportion to the calls
        the fused step still makes (the kept calls + one per group).
 
     GPU traces: the kernels launched inside the range become one kernel, and their launch calls go. Its
-    time follows the same byte model with the bandwidth the kernels reached (bytes from the launching
-    operator's shapes); where a kernel's operator has no shapes it is the kernels' summed time. CPU
-    traces without shapes, or of an optimizer not in ``FUSED_PASSES``, also keep the summed time (the
-    range's own time goes, as a fused step does not loop in Python).
+    time follows the same byte model (bytes from the launching operator's shapes); where a kernel's
+    operator has no shapes it is the kernels' summed time. CPU traces without shapes, or of an optimizer
+    not in ``FUSED_PASSES``, also keep the summed time (the range's own time goes, as a fused step does
+    not loop in Python). A rate that is not a positive number is a ``UserError``.
     """
+    if kernel_gbps is not None and not callable(kernel_gbps):
+        _check_rate(kernel_gbps, "kernel_gbps")
     in_opt = select(g, layer=OPTIMIZER_RANGE)
     gpu = in_opt & select(g, kind=("kernel", "memset", "memcpy"))
     per_param = gpu if gpu.any() else in_opt & select(g, kind="cpu", op=r"^aten::")
@@ -98,7 +125,11 @@ def fused_optimizer(g: TaskGraph, trace: Trace | None = None, *, param_bytes: in
         from trainsim.capture.kineto import read_trace
 
         trace = read_trace(g.source)
-    model = _fused_model(g, trace, per_param, bool(gpu.any()), param_bytes) if trace is not None else None
+    rate = kernel_gbps
+    if rate is None and gpu.any():
+        dev = device if device is not None else trace_gpu(trace) if trace is not None else None
+        rate = dev.mem_bw_gbps * FUSED_KERNEL_EFFICIENCY if dev is not None else None
+    model = _fused_model(g, trace, per_param, bool(gpu.any()), param_bytes, rate) if trace is not None else None
     ids = np.flatnonzero(per_param)
     keep, drop, range_factor = [], [], {}
     for step in np.unique(g.step[ids]):
@@ -140,11 +171,45 @@ class _FusedModel(NamedTuple):
     calls: dict[int, list[Event]]  # step -> the top-level operator calls in the optimizer range
     kept_calls: dict[int, int]  # step -> calls the fused step still makes (0-dim tensors only)
     dispatch_us: float
-    bw_gbps: float
+    bw_gbps: float  # the traced operators' bandwidth (step 2)
+    kernel_gbps: float  # the rate the fused time used
+
+
+def _check_rate(x: object, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x > 0):
+        raise UserError(f"fused optimizer: {what}={x!r}; expected the fused kernel's rate in GB/s, a number > 0")
+    return float(x)
+
+
+GPU_FAMILIES = ("v100", "a100", "h100", "h200", "h800", "2080 ti")
+"""GPU names (as CUDA reports them, e.g. ``NVIDIA A100-SXM4-80GB``) that ``trace_gpu`` maps to the catalog"""
+
+
+def trace_gpu(trace: Trace) -> Device | None:
+    """The catalog device (``cluster.catalog``) of the first GPU in ``trace``'s ``deviceProperties``: its
+    family from the name, the entry of that family whose memory is nearest ``totalGlobalMem``. None
+    without one, for a family not in ``GPU_FAMILIES``, and for PCIe / NVL boards (other bandwidths than
+    the catalog's SXM figures)."""
+    from trainsim.cluster.catalog import DEVICES
+
+    props = trace.meta.get("deviceProperties")
+    if not (isinstance(props, list) and props and isinstance(props[0], dict)):
+        return None
+    name = str(props[0].get("name", "")).lower().replace("rtx ", "")
+    fam = next((f for f in GPU_FAMILIES if re.search(rf"\b{f}\b", name)), None)
+    if fam is None or "pcie" in name or "nvl" in name:
+        return None
+    cands = [d for d in DEVICES.values() if d.name.replace("rtx", "").startswith(fam.replace(" ", ""))]
+    mem = props[0].get("totalGlobalMem")
+    if not cands:
+        return None
+    if not isinstance(mem, (int, float)) or mem <= 0:
+        return cands[0] if len(cands) == 1 else None
+    return min(cands, key=lambda d: abs(d.mem_gib - mem / 2**30))
 
 
 def _fused_model(
-    g: TaskGraph, trace: Trace, per_param: Mask, on_gpu: bool, param_bytes: int | None
+    g: TaskGraph, trace: Trace, per_param: Mask, on_gpu: bool, param_bytes: int | None, kernel_gbps: KernelRate | None
 ) -> _FusedModel | None:
     """The byte model of ``fused_optimizer`` (steps 1-3 of its docstring); None without shapes."""
     from trainsim.transform.opcost import DTYPE_BYTES, tensor_bytes
@@ -215,8 +280,13 @@ def _fused_model(
                 per_name[(_step_at(g, e.ts), e.name)] += math.prod(d) * DTYPE_BYTES.get(str(t), 4)
         param_bytes = int(min(per_name.values()))
     kept = {s: sum(1 for e in cs if not is_update(e)) for s, cs in calls.items()}
-    fused = groups * dispatch + passes * param_bytes / bw
-    return _FusedModel(update, fused, groups, dict(calls), kept, dispatch, bw * 1e6 / 1e9)
+    if kernel_gbps is None:
+        per_us = bw  # bytes per µs
+    else:
+        given = kernel_gbps(float(param_bytes)) if callable(kernel_gbps) else kernel_gbps
+        per_us = _check_rate(given, f"kernel_gbps({param_bytes})" if callable(kernel_gbps) else "kernel_gbps") * 1e3
+    fused = groups * dispatch + passes * param_bytes / per_us
+    return _FusedModel(update, fused, groups, dict(calls), kept, dispatch, bw * 1e6 / 1e9, per_us / 1e3)
 
 
 def _top_calls(trace: Trace, ranges: list[Event]) -> dict[str, tuple[list[float], list[Event]]]:

@@ -32,13 +32,20 @@ def _wire_text(cal: MachineCalibration) -> str:
     return ", ".join(f"{r:g} Mbit/s {1e3 * w:.1f} ns" for r, w in zip(cal.wire_rates_mbit, cal.wire_us_per_byte, strict=True))
 
 
+def _fused_text(cal: MachineCalibration) -> str:
+    """``fused_adam_gbps`` in one line: GB/s at each size."""
+    if not cal.fused_adam_gbps:
+        return "not measured"
+    return ", ".join(f"{g:.1f} GB/s at {s >> 10} KB" for s, g in zip(cal.fused_adam_sizes_bytes, cal.fused_adam_gbps, strict=True))
+
+
 @click.command("calibrate")
 @click.option("--file", "file", type=click.Path(dir_okay=False), default=None,
               help="Calibration file (default ~/.cache/trainsim/machine.json).")
 @click.option("--recalibrate", is_flag=True, help="Measure again and replace the file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as one JSON object.")
 def calibrate_command(file: str | None, recalibrate: bool, as_json: bool) -> None:  # fmt: skip
-    """Measure this machine once for every validation: link, host speed, co-run slowdown (~1 min)."""
+    """Measure this machine once for every validation: link, host speed, fused optimizer kernel, co-run slowdown."""
     from rich.console import Console
 
     from trainsim.validate import progress_log
@@ -53,4 +60,5 @@ def calibrate_command(file: str | None, recalibrate: bool, as_json: bool) -> Non
     click.echo(f"{'measured' if fresh else 'loaded'} {path} ({cal.created_at}): all-reduce host cost "
                f"{cal.host_a_us:.0f} us + {cal.host_b_us_per_byte * 1e3:.3f} us/KB, a shaped link delivers "
                f"{100 * cal.link_efficiency:.0f} % of its rate (median; {_grid_text(cal)}), standard kernel {cal.kernel_ms:.3f} ms, co-run "
-               f"slowdown {cal.corun_slowdown}, computation lost per byte sent on a shaped link {_wire_text(cal)}")  # fmt: skip
+               f"slowdown {cal.corun_slowdown}, computation lost per byte sent on a shaped link {_wire_text(cal)}, fused Adam "
+               f"kernel {_fused_text(cal)}")  # fmt: skip

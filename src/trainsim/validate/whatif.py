@@ -10,7 +10,8 @@ Per pair:
 
 1. run the first configuration; its trace (every rank's) is the only input of the prediction;
 2. predict the second one's step with the built-in what-if on that trace
-   (``transform.network.scale_network`` with the rate ratio, ``whatifs.fused_optimizer``,
+   (``transform.network.scale_network`` with the rate ratio, ``whatifs.fused_optimizer`` with the fused
+   kernel at the rate the machine calibration measured for it, ``testbed.machine.fused_kernel_gbps``,
    ``whatifs.batch_scale``) and the simulator, anchored on the first run's timed step so that the
    profiler's own overhead, which the untimed run does not pay, cancels (``ANCHOR``): for a link rate
    ``first step + simulated change``, for the optimizer and the batch ``first step x simulated ratio``
@@ -189,8 +190,10 @@ def rank_median_ms(res: dict[str, Any]) -> list[float]:
     return [float(statistics.median(s)) for s in res["rank_step_ms"]]
 
 
-def whatif_graph(pair: Pair, trace: str) -> tuple[Any, Any]:
-    """``(replayed graph, what-if graph)`` of one rank's trace of ``pair.first``."""
+def whatif_graph(pair: Pair, trace: str, *, fused_gbps: Any = None) -> tuple[Any, Any]:
+    """``(replayed graph, what-if graph)`` of one rank's trace of ``pair.first``; ``fused_gbps``: the
+    fused kernel's rate for ``whatifs.fused_optimizer`` (its ``kernel_gbps``: GB/s, or a function of the
+    parameter bytes, such as the machine calibration's ``fused_kernel_gbps``)."""
     from trainsim.capture.kineto import read_trace
     from trainsim.graph.build import build_graph
     from trainsim.transform import whatifs
@@ -202,7 +205,7 @@ def whatif_graph(pair: Pair, trace: str) -> tuple[Any, Any]:
         factor = pair.second.batch_size / batch
         return g, whatifs.batch_scale(g, factor, trace=tr, batch_size=batch, param_shapes=shapes)
     if pair.kind == "fused-adam":
-        return g, whatifs.fused_optimizer(g, tr)
+        return g, whatifs.fused_optimizer(g, tr, kernel_gbps=fused_gbps)
     from trainsim.graph.ir import TaskKind
     from trainsim.transform.network import scale_network, split_collectives
 
@@ -220,16 +223,17 @@ The profiler lengthens every traced operator (its per-call overhead): the one-ra
 measured 0.6-1.04x their replayed traced steps (2026-11-29 rounds, docs/log/whatif.md).
 
 * ``scale``: the what-if graph is made of the traced operators' own times (the batch what-if
-  multiplies them by the op-cost model's ratios; the fused optimizer's time is its bytes over the
-  bandwidth the traced optimizer operators reached), so its change is inflated with them and carries
-  over as a ratio: ``predicted = first step x what-if step / replayed step``.
+  multiplies them by the op-cost model's ratios; the fused optimizer keeps the traced calls and Python
+  in proportion and adds its kernel's bytes at the calibrated rate), so its change is inflated with
+  them and carries over as a ratio: ``predicted = first step x what-if step / replayed step``.
 * ``add``: a link-rate change moves transfer time, which the profiler does not lengthen:
   ``predicted = first step + (what-if step - replayed step)``.
 """
 
 
-def predict_pair(pair: Pair, first: dict[str, Any]) -> dict[str, Any]:
-    """The prediction of ``pair.second`` from the first run's result (traces and timed steps only)."""
+def predict_pair(pair: Pair, first: dict[str, Any], *, fused_gbps: Any = None) -> dict[str, Any]:
+    """The prediction of ``pair.second`` from the first run's result (traces and timed steps only);
+    ``fused_gbps`` as ``whatif_graph`` takes it (the command passes the machine calibration's)."""
     import numpy as np
 
     from trainsim.simulate.engine import simulate
@@ -238,7 +242,7 @@ def predict_pair(pair: Pair, first: dict[str, Any]) -> dict[str, Any]:
     scale = ANCHOR[pair.kind] == "scale"
     predicted, simulated, deltas, ratios = [], [], [], []
     for r, trace in enumerate(first["traces"]):
-        g, g2 = whatif_graph(pair, trace)
+        g, g2 = whatif_graph(pair, trace, fused_gbps=fused_gbps)
         s1, s2 = simulate(g).step_ms, simulate(g2).step_ms
         ok = np.isfinite(s1) & np.isfinite(s2) & (s1 > 0)
         if not ok.any():
@@ -378,13 +382,26 @@ def whatif_command(quick: bool, seed: int | None, kinds: tuple[str, ...], passes
     for n in notes:
         log(n)
     kind_opts = "".join(f" --pair {k}" for k in kinds)
+    predictor: Predictor = predict_pair
+    calibration = _opcost_calibration()
+    if any(p.kind == "fused-adam" for p in pairs):
+        from functools import partial
+
+        from trainsim.testbed.machine import load_machine, with_fused_kernel
+
+        cal, cal_path = load_machine(log=log)
+        cal = with_fused_kernel(cal, cal_path, log=log)
+        predictor = partial(predict_pair, fused_gbps=cal.fused_kernel_gbps)
+        calibration["fused_kernel"] = {"file": str(cal_path), "created_at": cal.created_at,
+                                       "sizes_bytes": cal.fused_adam_sizes_bytes, "gbps": cal.fused_adam_gbps}  # fmt: skip
     meta = {"command": f"trainsim validate whatif{' --quick' if quick else ''} --seed {seed}{kind_opts} --passes {passes}",
-            "quick": quick, "passes": passes, "machine": machine(), "notes": notes, "calibration": _opcost_calibration(),
+            "quick": quick, "passes": passes, "machine": machine(), "notes": notes, "calibration": calibration,
             "method": "predicted = first run's median step + simulated change (network: what-if minus replay) or x "
                       "simulated ratio (fused-adam, batch: what-if over replay), medians over the first trace's steps, "
-                      "slowest rank; simulated_ms = the what-if's step from the trace alone"}  # fmt: skip
+                      "slowest rank; simulated_ms = the what-if's step from the trace alone; the fused kernel "
+                      "at the machine calibration's rate (calibration.fused_kernel)"}  # fmt: skip
     try:
-        doc = run_pairs(pairs, path, seed=seed, passes=passes, log=log, meta=meta)
+        doc = run_pairs(pairs, path, seed=seed, passes=passes, log=log, meta=meta, predictor=predictor)
     except KeyboardInterrupt:
         raise UserError(f"validate whatif: interrupted; what was measured is in {path}, marked partial") from None
     if as_json:
