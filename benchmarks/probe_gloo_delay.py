@@ -2,12 +2,17 @@
 
     realrun python benchmarks/probe_gloo_delay.py --sizes 65536,1048576 --links 240:5,1000:4 --reps 6
     realrun python benchmarks/probe_gloo_delay.py --sizes 1048576 --links 240:5 --slow-start 1,0 --gaps-ms 0,50,200
+    realrun python benchmarks/probe_gloo_delay.py --sizes 4096,1048576 --links 240:5,1000:4 --concurrent
 
 Two ranks in network namespaces on links ``RATE:DELAY`` (Mbit/s : ms one way). Default mode: all-reduce
 and all-gather of each size after a barrier and a 20 ms pause; prints the slowest rank's median, the
 model (``MachineCalibration.allreduce_us`` / ``allgather_us``) and the gap in delays. With
 ``--slow-start``: all-reduces of each size after idle gaps, with ``net.ipv4.tcp_slow_start_after_idle``
-set to each value in both namespaces. Generic sizes and links only: none is a validated configuration.
+set to each value in both namespaces. With ``--concurrent``: the same barrier and pause, then several
+operations issued back to back without waiting (``CONCURRENT``) and waited for together: one, two and
+three all-reduces, one all-gather by exchange (``run.casync.all_gather_bytes``, the compression hook's),
+an all-reduce and that all-gather, and two of those pairs (the hook's two buckets); prints each
+against one operation alone, in delays. Generic sizes and links only: none is a validated configuration.
 """
 
 from __future__ import annotations
@@ -18,6 +23,55 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
+
+CONCURRENT = {"ar": "r", "ar+ar": "rr", "ar+ar+ar": "rrr", "ag": "g", "ar+ag": "rg", "ar+ag+ar+ag": "rgrg"}
+"""``--concurrent``: operations issued back to back (r: an all-reduce; g: an all-gather by exchange)"""
+
+
+def _timed(run: Callable[[], None], reps: int, pause: float) -> float:
+    """The slowest rank's median time (ms) of ``run()`` after a barrier and ``pause`` seconds."""
+    import torch
+    import torch.distributed as dist
+
+    run()
+    run()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        time.sleep(pause)
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return statistics.median(slowest.tolist())
+
+
+def _concurrent(sizes: list[int], reps: int) -> dict[str, float]:
+    """``CONCURRENT``'s patterns at each size (bytes per operation and rank), each operation on its own
+    tensors, all issued before any is waited for."""
+    import torch
+    import torch.distributed as dist
+
+    from trainsim.run.casync import all_gather_bytes
+
+    world = dist.get_world_size()
+    out: dict[str, float] = {}
+    for size in sizes:
+        for name, ops in CONCURRENT.items():
+            ins = [torch.ones(size // 4) for _ in ops]
+            gathered = [torch.empty(world * (size // 4)) for _ in ops]
+
+            def run(ops: str = ops, ins: list[torch.Tensor] = ins, gathered: list[torch.Tensor] = gathered) -> None:
+                works = [dist.all_reduce(t, async_op=True) if op == "r" else all_gather_bytes(o, t, None, "exchange")
+                         for op, t, o in zip(ops, ins, gathered, strict=True)]  # fmt: skip
+                for w in works:
+                    w.wait()
+
+            out[f"{name} {size} 20"] = _timed(run, reps, 0.02)
+    return out
 
 
 def _worker(argv: list[str]) -> None:
@@ -28,6 +82,12 @@ def _worker(argv: list[str]) -> None:
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     out: dict[str, float] = {}
+    if mode == "concurrent":
+        out = _concurrent(sizes, reps)
+        if dist.get_rank() == 0:
+            print(json.dumps(out))
+        dist.destroy_process_group()
+        return
     ops = ("allreduce", "allgather") if mode == "ops" else ("allreduce",)
     pauses = [0.02] if mode == "ops" else [float(g) / 1e3 for g in gaps.split(",")]
     for op in ops:
@@ -41,19 +101,8 @@ def _worker(argv: list[str]) -> None:
                 else:
                     dist.all_gather(outs, t)
 
-            run()
-            run()
             for pause in pauses:
-                times = []
-                for _ in range(reps):
-                    dist.barrier()
-                    time.sleep(pause)
-                    t0 = time.perf_counter()
-                    run()
-                    times.append((time.perf_counter() - t0) * 1e3)
-                slowest = torch.tensor(times, dtype=torch.float64)
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                out[f"{op} {size} {pause * 1e3:g}"] = statistics.median(slowest.tolist())
+                out[f"{op} {size} {pause * 1e3:g}"] = _timed(run, reps, pause)
     if dist.get_rank() == 0:
         print(json.dumps(out))
     dist.destroy_process_group()
@@ -66,6 +115,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--slow-start", default="", help="tcp_slow_start_after_idle values to compare (e.g. 1,0)")
     ap.add_argument("--gaps-ms", default="0,50,200", help="with --slow-start: idle gaps before each all-reduce")
+    ap.add_argument("--concurrent", action="store_true", help="operations issued together against one alone")
     a = ap.parse_args()
 
     from trainsim.testbed.launch import launch
@@ -73,7 +123,7 @@ def main() -> None:
     from trainsim.testbed.netns import Netns
 
     cal, _ = load_machine()
-    mode = "idle" if a.slow_start else "ops"
+    mode = "concurrent" if a.concurrent else "idle" if a.slow_start else "ops"
     for link in a.links.split(","):
         rate, delay = (float(x) for x in link.split(":"))
         with Netns(2, rate_mbit=rate, delay_ms=delay) as net:
@@ -84,6 +134,9 @@ def main() -> None:
                                         f"net.ipv4.tcp_slow_start_after_idle={ssai}"], check=True)  # fmt: skip
                 args = [__file__, "--worker", mode, a.sizes, str(a.reps), a.gaps_ms]
                 res = json.loads(launch(2, args, net=net, timeout_s=300)[0].strip().splitlines()[-1])
+                if mode == "concurrent":
+                    _report_concurrent(res, rate, delay, cal)
+                    continue
                 for key, ms in res.items():
                     op, size, pause = key.split()
                     f = cal.allreduce_us if op == "allreduce" else cal.allgather_us
@@ -92,6 +145,21 @@ def main() -> None:
                     extra = f" slow_start_after_idle={ssai} idle {pause} ms" if ssai else ""
                     print(f"{rate:g} Mbit/s +{delay:g} ms{extra} {op} {size} B: measured {ms:.2f} ms, "
                           f"model {model:.2f} ms, gap {ms - model:+.2f} ms = {gap:+.2f} delays", flush=True)  # fmt: skip
+
+
+def _report_concurrent(res: dict[str, float], rate: float, delay: float, cal: Any) -> None:
+    """Each pattern against the sum of its operations alone and the longest of them, in delays."""
+    for key, ms in res.items():
+        name, size, _ = key.split()
+        alone = {op: res[f"{one} {size} 20"] for op, one in (("r", "ar"), ("g", "ag"))}
+        ops = CONCURRENT[name]
+        serial, longest = sum(alone[op] for op in ops), max(alone[op] for op in ops)
+        model = sum(getattr(cal, "allreduce_us" if op == "r" else "allgather_us")(
+            int(size), world=2, rate_mbit=rate, delay_ms=delay) for op in ops) / 1e3  # fmt: skip
+        d = delay or float("nan")
+        print(f"{rate:g} Mbit/s +{delay:g} ms {name} {size} B: measured {ms:.2f} ms; one after another "
+              f"{serial:.2f} ({(ms - serial) / d:+.2f} delays), longest alone {longest:.2f} "
+              f"({(ms - longest) / d:+.2f} delays); model in series {model:.2f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -94,6 +94,77 @@ def test_hook_work_runs_inside_each_hook_before_its_transfer() -> None:
         CompressConfig(algorithm="onebit", hook_us=-1.0)
 
 
+def _with_biases():  # type: ignore[no-untyped-def]
+    """``_profile`` with a 1-D bias of 1 KiB per layer: each bucket has one gradient sent uncompressed."""
+    from trainsim.transform.dataparallel import ParamInfo
+
+    g, (a, b), layers = _profile()
+    biases = [ParamInfo(name="a.b", layer="a", numel=256, size_bytes=1024),
+              ParamInfo(name="b.b", layer="b", numel=256, size_bytes=1024)]  # fmt: skip
+    return g, [a, biases[0], b, biases[1]], layers, {**SHAPES, "a.b": (256,), "b.b": (256,)}
+
+
+def _ar(nbytes: float) -> float:
+    return 400.0 + nbytes / 1000  # an all-reduce: 400 us of latency, 1 us per kB
+
+
+def _ag(per_rank: float) -> float:
+    return 200.0 + per_rank / 1000  # an all-gather: 200 us of latency
+
+
+def test_gloo_runs_a_bucket_s_transfers_and_the_next_bucket_s_at_once() -> None:
+    """Buckets [b.b, b.w] and [a.b, a.w]; the biases all-reduced (1,024 bytes: 401.024 us), the weights'
+    wires all-gathered (65,544 bytes per rank: 265.544 us). Ready: all-reduce b 41, all-gather b 51
+    (after its encode), all-reduce a 72, all-gather a 82.
+    One lane (NCCL): one after another, 41-442.024-707.568-1108.592-1374.136; decode a 10 us, the
+    optimizer 5: the step ends at 1389.136.
+    gloo (2 lanes, the all-gathers by exchange on no worker thread): all four in flight together, each
+    after the first adds its bytes to the chain: 442.024, 507.568, 508.592, 574.136; decode a ends
+    584.136, the optimizer 589.136."""
+    g, params, layers, shapes = _with_biases()
+    times = {"allreduce_time": _ar, "allgather_time": _ag}
+    cfg = CompressConfig(algorithm="onebit")
+    one = compression(g, params, layers, shapes, cfg, _cost(), LINK, **times)
+    assert simulate(one).step_ms[0] * 1e3 == pytest.approx(1389.136)
+    two = compression(g, params, layers, shapes, dataclasses.replace(cfg, lanes=2), _cost(), LINK, **times)
+    res = simulate(two)
+    assert res.step_ms[0] * 1e3 == pytest.approx(589.136)
+    comm = [int(t) for t in np.flatnonzero((two.kind == TaskKind.COMM) & (two.step == 0))]
+    comm.sort(key=lambda t: res.start_us[t])
+    assert [two.task_name(t) for t in comm] == ["allreduce:bucket0", "allgather:compressed0", "allreduce:bucket1",
+                                                "allgather:compressed1"]  # fmt: skip
+    assert res.end_us[comm] == pytest.approx([442.024, 507.568, 508.592, 574.136])
+    assert simulate(two).step_ms == pytest.approx(res.step_ms)  # every step alike
+    with pytest.raises(UserError, match="lanes"):
+        CompressConfig(algorithm="onebit", lanes=0)
+
+
+def test_a_third_collective_waits_for_one_of_gloo_s_two_threads() -> None:
+    """A summable codec all-reduces its wire too: four collectives per step, ready at 41, 51, 72 and 82.
+    The first ends at 442.024; the second (the 65,544-byte wire, 465.544 us alone) joins it and ends no
+    sooner than 51 + 465.544 = 516.544; the third finds both threads busy, is issued when the first ends
+    (442.024) and ends at 442.024 + 401.024 = 843.048; the fourth is issued at 516.544 and ends at
+    982.088. Decode a 5 us, the optimizer 5: 992.088. On the old single queue: 1,829.136."""
+    g, params, layers, shapes = _with_biases()
+    cfg = CompressConfig(algorithm="fp16", lanes=2)
+    out = compression(g, params, layers, shapes, cfg, _cost(summable=True), LINK, allreduce_time=_ar)
+    res = simulate(out)
+    assert res.step_ms[0] * 1e3 == pytest.approx(992.088)
+    one = compression(g, params, layers, shapes, dataclasses.replace(cfg, lanes=1), _cost(summable=True), LINK,
+                      allreduce_time=_ar)  # fmt: skip
+    assert simulate(one).step_ms[0] * 1e3 == pytest.approx(41 + 2 * 401.024 + 2 * 465.544 + 5 + 5)
+
+
+def test_ps_scheme_keeps_one_queue_with_lanes() -> None:
+    """PS and ring synchronise inside the hook, blocking it: ``lanes`` leaves them as they are."""
+    g, params, layers, shapes = _with_biases()
+    cfg = CompressConfig(algorithm="onebit", scheme="ps")
+    one = compression(g, params, layers, shapes, cfg, _cost(), LINK, allreduce_time=_ar)
+    two = compression(g, params, layers, shapes, dataclasses.replace(cfg, lanes=2), _cost(), LINK, allreduce_time=_ar)
+    assert simulate(two).step_ms == pytest.approx(simulate(one).step_ms)
+    assert two.dur_us == pytest.approx(one.dur_us)
+
+
 def test_summable_codec_all_reduces_once_and_decodes_once() -> None:
     g, params, layers = _profile()
     out = compression(g, params, layers, SHAPES, CompressConfig(algorithm="fp16"), _cost(summable=True), LINK)

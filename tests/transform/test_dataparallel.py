@@ -193,6 +193,31 @@ def test_chained_buckets_end_as_one_all_reduce_of_their_bytes() -> None:
     assert chained_bucket_us([], [], comm) == []
 
 
+def test_chained_transfers_wait_for_a_worker_thread_and_their_own_start_up() -> None:
+    """With ``lanes``: three collectives of 100 bytes issued at 0 on two worker threads (comm 100 us +
+    1 us per 100 bytes): the first 0-101, the second joins it (its bytes: 101-102), the third waits
+    for the first's thread (issued at 101) and then takes its own 101 us (ends at 202, not 103). A
+    transfer not on a worker thread (gloo's point-to-point) never waits. Without ``lanes``, the old rule."""
+
+    def comm(n: int) -> float:
+        return 100.0 + n / 100
+
+    ready, sizes = [0.0, 0.0, 0.0], [100, 100, 100]
+    assert chained_bucket_us(ready, sizes, comm) == pytest.approx([101.0, 1.0, 1.0])
+    assert chained_bucket_us(ready, sizes, comm, lanes=2) == pytest.approx([101.0, 1.0, 100.0])
+    assert chained_bucket_us(ready, sizes, comm, lanes=2, collective=[True, True, False]) == pytest.approx(
+        [101.0, 1.0, 1.0]
+    )
+    assert chained_bucket_us(ready, sizes, comm, lanes=3) == pytest.approx([101.0, 1.0, 1.0])
+    # one cost per transfer: a short one (20 us + its bytes) issued at 10 joins the chain for its bytes, a
+    # long one (500 us + its bytes) issued at 20 ends no sooner than 521, its own time after it was issued
+    short, long_ = (lambda n: 20.0 + n / 100), (lambda n: 500.0 + n / 100)
+    durs = chained_bucket_us([0.0, 10.0, 20.0], sizes, [comm, short, long_], lanes=2, collective=[True, False, False])
+    assert durs == pytest.approx([101.0, 1.0, 521.0 - 102.0])
+    with pytest.raises(UserError, match="lanes"):
+        chained_bucket_us(ready, sizes, comm, lanes=0)
+
+
 def test_lanes_chain_ddp_buckets_in_flight_together() -> None:
     g, params, layers = _profile_like()
 

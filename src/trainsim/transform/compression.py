@@ -20,6 +20,11 @@ tasks that ``trainsim.run.hooks.compress_hook`` really runs (see that module's n
    per other rank (``CodecCost.sum_us``; summable: one decode);
 5. the optimizer waits for every bucket's decode and uncompressed all-reduce.
 
+Where the process group runs collectives at once (``CompressConfig.lanes`` > 1: gloo's two worker
+threads), the transfers of steps 1 and 3 and those of the next buckets overlap as they do there, the
+all-gather (the hook's point-to-point exchange) on no worker thread: each takes its share of their
+chain (``dataparallel.chained_bucket_us`` with per-transfer costs), from when the graph issues it.
+
 PowerSGD: P = MQ on the main thread, a blocking all-reduce of [P, uncompressed], Q = M^T P, then an
 all-reduce of Q and the P Q^T decode. The PS and ring schemes (``scheme="ps" | "ring"``) run inside the
 hook and block the main thread: per bucket, half the codec work of ``casync_parts`` on the main thread,
@@ -79,6 +84,10 @@ class CompressConfig:
     """DDP bucket cap"""
     channel: str = "comm:dp"
     """communication resource"""
+    lanes: int = 1
+    """collectives the process group runs at once (``dataparallel.BACKEND_LANES``): 1 as on NCCL, every
+    transfer after the one before; gloo's runs 2, and its point-to-point all-gather (the hook's
+    ``gather="exchange"``) runs beside them. Scheme ``allgather`` only: PS and ring keep one queue"""
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -89,6 +98,8 @@ class CompressConfig:
             raise UserError(f"compression what-if: world={self.world}; expected >= 2 ranks")
         if not self.hook_us >= 0:
             raise UserError(f"compression what-if: hook_us={self.hook_us!r}; expected >= 0")
+        if not isinstance(self.lanes, int) or self.lanes < 1:
+            raise UserError(f"compression what-if: lanes={self.lanes!r}; expected a positive number of collectives at once")
         if not 0 <= self.finalize_us <= max(0.0, self.host_overhead_us):
             raise UserError(
                 f"compression what-if: finalize_us={self.finalize_us!r}; expected 0 to host_overhead_us "
@@ -280,6 +291,15 @@ def compression(
     def ag_us(per_rank: float) -> float:
         return allgather_time(per_rank) if allgather_time is not None else allgather_us(p * per_rank, p, link)
 
+    # for the chains of concurrent transfers (``lanes``): sizes in bytes each rank puts on the wire
+    ar_share = 2 * (p - 1) / p
+
+    def ar_chain(nbytes: float) -> tuple[Callable[[float], float], float, bool]:
+        return (lambda w: ar_us(w / ar_share)), ar_share * nbytes, True  # on one of the worker threads
+
+    def ag_chain(per_rank: float) -> tuple[Callable[[float], float], float, bool]:
+        return (lambda w: ag_us(w / (p - 1))), (p - 1) * per_rank, False  # point-to-point: no worker thread
+
     anchors = step_anchors(g, layers)
     main_res = g.resources[int(g.resource[anchors[0].first])].name
     buckets = ddp_buckets([q.size_bytes for q in params], cap_bytes=int(cfg.bucket_cap_mb * 1024 * 1024))
@@ -304,7 +324,8 @@ def compression(
             opt_wait = [a.opt_start] if a.opt_start >= 0 else []
             if plain_bytes:  # 1. uncompressed gradients: one all-reduce after the ready point
                 ar = ar_us(plain_bytes)
-                rows.comm(f"allreduce:bucket{b}", ar, plain_bytes, deps=ready, waits=opt_wait)
+                rows.comm(f"allreduce:bucket{b}", ar, plain_bytes, deps=ready, waits=opt_wait,
+                          chain=ar_chain(plain_bytes))  # fmt: skip
             if not comp_items:
                 continue
             # the hook's own work before it posts (``hook_us``), this bucket's share of it
@@ -333,26 +354,73 @@ def compression(
                 p_bytes = sum(4 * rk * int(shapes[q.name][0]) for q, _ in comp_items)
                 q_bytes = sum(4 * rk * (q.numel // int(shapes[q.name][0])) for q, _ in comp_items)
                 t_p = rows.main(f"powersgd-P:bucket{b}", enc / 2, **start)
-                ar1 = rows.comm(
-                    f"allreduce:P:bucket{b}", ar_us(p_bytes), p_bytes, after=[t_p]
-                )
+                ar1 = rows.comm(f"allreduce:P:bucket{b}", ar_us(p_bytes), p_bytes, after=[t_p], chain=ar_chain(p_bytes))
                 t_q = rows.main(f"powersgd-Q:bucket{b}", enc / 2, after=[ar1])  # blocks: the hook waits
-                ar2 = rows.comm(
-                    f"allreduce:Q:bucket{b}", ar_us(q_bytes), q_bytes, after=[t_q]
-                )
+                ar2 = rows.comm(f"allreduce:Q:bucket{b}", ar_us(q_bytes), q_bytes, after=[t_q], chain=ar_chain(q_bytes))
                 rows.callback(f"decode:bucket{b}", dec, after=[ar2], waits=opt_wait)
                 continue
             wire = sum(cost.wire_bytes(q.numel) + 8 for q, _ in comp_items)  # + the hook's non-finite marker
             t_enc = rows.main(f"encode:bucket{b}", enc, **start)  # 2.
             if cost.summable:  # 3.
-                comm, decode, what = ar_us(wire), dec, "allreduce"
+                comm, decode, what, chain = ar_us(wire), dec, "allreduce", ar_chain(wire)
             else:
-                comm, decode, what = ag_us(wire), dec_sum, "allgather"
-            t_comm = rows.comm(f"{what}:compressed{b}", comm, wire, after=[t_enc])
+                comm, decode, what, chain = ag_us(wire), dec_sum, "allgather", ag_chain(wire)
+            t_comm = rows.comm(f"{what}:compressed{b}", comm, wire, after=[t_enc], chain=chain)
             rows.callback(f"decode:bucket{b}", decode, after=[t_comm], waits=opt_wait)  # 4., 5.
-    out = _apply(g, rows, cfg, p) if rows.rows else g
-    if cfg.host_overhead_us > 0:  # after the new tasks: DDP's finalize waits for what the optimizer waits for
-        out = with_host_overhead(out, anchors, cfg.host_overhead_us, finalize_us=cfg.finalize_us)
+
+    def build() -> tuple[TaskGraph, np.ndarray]:
+        out, ids = _apply(g, rows, cfg, p) if rows.rows else (g, np.empty(0, np.int64))
+        if cfg.host_overhead_us > 0:  # after the new tasks: DDP's finalize waits for what the optimizer waits for
+            out = with_host_overhead(out, anchors, cfg.host_overhead_us, finalize_us=cfg.finalize_us)
+        return out, ids  # ``with_host_overhead`` appends: the new rows keep their ids
+
+    if cfg.lanes > 1 and cfg.scheme == "allgather":
+        _chain_transfers(rows, build, cfg.lanes)
+    return build()[0]
+
+
+CHAIN_PASSES = 4
+"""at most this many simulations to settle the concurrent transfers' shares (``_chain_transfers``): one
+settles them where no task on the main thread waits for a transfer; PowerSGD's waits need more"""
+
+
+def _chain_transfers(rows: _Rows, build: Callable[[], tuple[TaskGraph, np.ndarray]], lanes: int) -> None:
+    """Give the transfers of each step their shares of the chains they form when the process group
+    runs ``lanes`` collectives at once (``dataparallel.chained_bucket_us``), in place: simulate the
+    graph, read when each transfer's inputs are done (when the hook issues it), and re-time them, until
+    the durations stop changing (the first pass issues them at their times alone)."""
+    from trainsim.simulate.engine import simulate
+    from trainsim.transform.dataparallel import chained_bucket_us
+
+    chained = [i for i, r in enumerate(rows.rows) if r["chain"] is not None]
+    if not chained:
+        return
+    by_step: dict[int, list[int]] = {}
+    for i in sorted(chained, key=lambda i: rows.rows[i]["order"]):
+        by_step.setdefault(rows.rows[i]["step"], []).append(i)
+    for _ in range(CHAIN_PASSES):
+        out, ids = build()
+        res = simulate(out)
+        ready = _ready_us(out, res.end_us, ids[chained])
+        ready_of = dict(zip(chained, ready, strict=True))
+        changed = False
+        for members in by_step.values():
+            costs, wires, marks = zip(*(rows.rows[i]["chain"] for i in members), strict=True)
+            durs = chained_bucket_us([ready_of[i] for i in members], wires, costs, lanes=lanes, collective=marks)
+            for i, d in zip(members, durs, strict=True):
+                changed |= abs(rows.rows[i]["dur"] - d) > 1e-6
+                rows.rows[i]["dur"] = d
+        if not changed:
+            return
+
+
+def _ready_us(g: TaskGraph, end_us: np.ndarray, tasks: np.ndarray) -> np.ndarray:
+    """When each of ``tasks`` could start by its explicit predecessors (their end plus the edge's lag)."""
+    out = np.zeros(len(tasks))
+    for k, t in enumerate(tasks):
+        into = g.edge_dst == t
+        if into.any():
+            out[k] = float(np.max(end_us[g.edge_src[into]] + g.edge_lag_us[into]))
     return out
 
 
@@ -371,10 +439,11 @@ class _Rows:
         self._bump = 0
 
     def _add(self, res: str, name: str, dur: float, order: float, size: int, deps: list[int] | None,
-             after: list[int] | None, waits: list[int] | None) -> int:  # fmt: skip
+             after: list[int] | None, waits: list[int] | None, chain: Any = None) -> int:  # fmt: skip
         kind = TaskKind.COMM if res == self.channel else TaskKind.CPU
         self.rows.append({"name": name, "res": res, "kind": kind, "dur": dur, "order": order, "step": self.step,
-                          "size": size, "deps": deps or [], "after": after or [], "waits": waits or []})  # fmt: skip
+                          "size": size, "deps": deps or [], "after": after or [], "waits": waits or [],
+                          "chain": chain})  # fmt: skip
         return len(self.rows) - 1
 
     def main(self, name: str, dur: float, *, deps: list[int] | None = None, after: list[int] | None = None,
@@ -386,9 +455,11 @@ class _Rows:
         )
 
     def comm(self, name: str, dur: float, size: int, *, deps: list[int] | None = None, after: list[int] | None = None,
-             waits: list[int] | None = None) -> int:  # fmt: skip
+             waits: list[int] | None = None, chain: tuple[Callable[[float], float], float, bool] | None = None) -> int:  # fmt: skip
+        """A transfer on the channel; ``chain``: its cost by the bytes a rank puts on the wire, those bytes, and
+        whether it takes one of the process group's worker threads (``_chain_transfers``)."""
         return self._add(
-            self.channel, name, dur, self.comm_order + 1e-3 * len(self.rows), size, deps, after, waits
+            self.channel, name, dur, self.comm_order + 1e-3 * len(self.rows), size, deps, after, waits, chain
         )
 
     def callback(
@@ -399,7 +470,8 @@ class _Rows:
         return self._add(CALLBACK_THREAD, name, dur, order, -1, None, after, waits)
 
 
-def _apply(g: TaskGraph, table: _Rows, cfg: CompressConfig, p: int) -> TaskGraph:
+def _apply(g: TaskGraph, table: _Rows, cfg: CompressConfig, p: int) -> tuple[TaskGraph, np.ndarray]:
+    """``g`` with ``table``'s rows and their edges, and the rows' task ids."""
     rows = table.rows
     res_kinds = {r["res"] for r in rows}
     out = g
@@ -427,7 +499,7 @@ def _apply(g: TaskGraph, table: _Rows, cfg: CompressConfig, p: int) -> TaskGraph
         for w in r["waits"]:
             src.append(t)
             dst.append(int(w))
-    return add_edges(out, src, dst, EdgeKind.COMM)
+    return add_edges(out, src, dst, EdgeKind.COMM), new_ids
 
 
 def casync_us(numel: int, parts: int, world: int, cost: CodecCost, link: Link, scheme: str) -> float:

@@ -278,7 +278,12 @@ def _pieces(nbytes: int, piece: int) -> list[int]:
 
 
 def chained_bucket_us(
-    ready_us: Sequence[float], sizes_bytes: Sequence[int], comm_us: Callable[[int], float]
+    ready_us: Sequence[float],
+    sizes_bytes: Sequence[int],
+    comm_us: Callable[[int], float] | Sequence[Callable[[int], float]],
+    *,
+    lanes: int | None = None,
+    collective: Sequence[bool] | None = None,
 ) -> list[float]:
     """Durations of the DDP buckets of one step where the process group runs collectives concurrently
     (gloo): a bucket that becomes ready (``ready_us``, in the profile's time) while the one before is
@@ -288,20 +293,45 @@ def chained_bucket_us(
     channel with these durations, the last bucket of a chain ends when the link has drained the
     chain's bytes; each bucket's own start-up and tail overlap the other's transfer.
 
+    ``comm_us`` may be one cost per transfer (their sizes then in one unit for all, e.g. the bytes a
+    rank puts on the wire): transfers of several kinds chain alike, each charged by its own cost.
+    ``lanes``: the collectives the process group runs at once (``BACKEND_LANES``). With it, a transfer
+    marked ``collective`` (default: all) waits for the end of the collective ``lanes`` before it (a
+    worker thread), one not marked (gloo's point-to-point sends and receives, which run on no worker
+    thread) never waits, and every transfer ends no sooner than its own time alone after it was
+    issued (its rendezvous and start-up are its own). None: the first rule alone, as ``data_parallel``
+    uses it.
+
     Why: gloo's two worker threads run DDP's buckets at once. On the mlp (buckets of 4.24 and 5.25 MB,
     2 processes, 20 Mbit/s, 2026-11-26) a hook's timestamps showed both all-reduces start within 6 ms
     and end together; the two alone took 2037-2282 and 2546-2597 ms (medians of 4), one after the
-    other 4464-4617, both at once 4236-4267, one all-reduce of their 9.49 MB 4396-4436."""
+    other 4464-4617, both at once 4236-4267, one all-reduce of their 9.49 MB 4396-4436. On delayed
+    links (``benchmarks/probe_gloo_delay.py --concurrent``, 2026-11-29, docs/log/validate.md) two
+    all-reduces of 4 KiB issued together took as long as one, three twice as long, and all-gathers by
+    point-to-point exchange beside them added nothing."""
+    costs = list(comm_us) if isinstance(comm_us, Sequence) else [comm_us] * len(sizes_bytes)
+    marks = [True] * len(sizes_bytes) if collective is None else list(collective)
+    if lanes is not None and lanes < 1:
+        raise UserError(f"chained transfers: lanes={lanes!r}; expected a positive number of collectives at once")
     out: list[float] = []
     end, chain = -math.inf, 0
-    for ready, n in zip(ready_us, sizes_bytes, strict=True):
-        if ready < end:  # in flight together with the chain before it
-            t = comm_us(chain + n) - comm_us(chain)
+    ends: list[float] = []  # where each collective ends
+    for ready, n, cost, coll in zip(ready_us, sizes_bytes, costs, marks, strict=True):
+        start = max(ready, end)  # where it starts on the FIFO channel
+        issued = ready
+        if lanes is not None and coll and len(ends) >= lanes:
+            issued = max(ready, ends[-lanes])  # every worker thread busy: it waits for one
+        if issued < end:  # in flight together with the chain before it
+            done = end + cost(chain + n) - cost(chain)
+            if lanes is not None:
+                done = max(done, issued + cost(n))
             chain += n
         else:
-            t, chain = comm_us(n), n
-        t = max(t, 0.0)
-        end = max(ready, end) + t
+            done, chain = max(issued, end) + cost(n), n
+        t = max(done - start, 0.0)
+        end = start + t
+        if coll:
+            ends.append(end)
         out.append(t)
     return out
 

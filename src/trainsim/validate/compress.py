@@ -16,8 +16,8 @@ The protocol of ``trainsim.validate.protocol``, as ``validate dp``:
 3. **predict** every configuration and freeze the predictions: the compression what-if
    (``transform.compression.compression``; plain DDP: ``validate.dp.predict_ms``) with every
    collective, all-gather and send timed by the machine calibration's model at the link's rate and
-   latency, the computation and the codec ``MachineCalibration.slowdown(2)`` slower (two ranks share
-   this host), the transfers' host CPU (the loopback host cost, and a shaped link's cost per byte)
+   latency (gloo's collectives two at once, the hook's all-gather beside them), the computation and
+   the codec ``MachineCalibration.slowdown(2)`` slower (two ranks share this host), the transfers' host CPU (the loopback host cost, and a shaped link's cost per byte)
    charged to the computation they overlap; a ``plan`` configuration's SeCoPa plan (PS) is made here,
    from the same costs;
 4. **measure**: real 2-process DDP with ``trainsim.run.hooks`` (this module's worker) on a shaped link
@@ -224,7 +224,7 @@ def predict_ms(prof: Profile, c: RunConfig, mcal: Any, cost: Any, shapes: dict[s
     from trainsim.graph.ir import TaskKind
     from trainsim.testbed.contention import simulate_contended
     from trainsim.transform.compression import CALLBACK_THREAD, CompressConfig, compression
-    from trainsim.transform.dataparallel import dp_step_ms
+    from trainsim.transform.dataparallel import BACKEND_LANES, dp_step_ms
     from trainsim.transform.primitives import scale
     from trainsim.validate import dp
 
@@ -236,7 +236,7 @@ def predict_ms(prof: Profile, c: RunConfig, mcal: Any, cost: Any, shapes: dict[s
     wait_ms = f * dp.straggler_ms([prof.plain_steps_ms] * WORLD)
     ccfg = CompressConfig(algorithm=c.algorithm, options=c.options, scheme=c.scheme, plan=plan, world=WORLD,
                           host_overhead_us=1e3 * (prof.ddp_overhead_ms * f + wait_ms),
-                          finalize_us=1e3 * prof.ddp_finalize_ms * f)  # fmt: skip
+                          finalize_us=1e3 * prof.ddp_finalize_ms * f, lanes=BACKEND_LANES["gloo"])  # fmt: skip
     link = model_link(mcal, c)
     a, b = mcal.p2p_line
     per_byte = b + (8.0 / (c.rate_mbit * mcal.efficiency(c.rate_mbit, delay_ms=c.delay_ms)) if c.rate_mbit else 0.0)
