@@ -46,7 +46,7 @@ def _cluster_file(folder: Path, mbit: float, name: str) -> Path:
     """A 2-node cluster file whose inter-node link runs at ``mbit`` Mbit/s (GB/s = Mbit/s / 8000)."""
     p = folder / f"{name}.toml"
     p.write_text(f'nodes = 2\ndevices_per_node = 1\ndevice = "this-cpu"\n'
-                 f"inter_link = {{ bw_gbps = {mbit / 8000:.9g}, latency_us = 50 }}\n")  # fmt: skip
+                 f"inter_link = {{ bw_gbyte_s = {mbit / 8000:.9g}, latency_us = 50 }}\n")  # fmt: skip
     return p
 
 

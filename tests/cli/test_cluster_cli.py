@@ -28,8 +28,8 @@ def _cluster(tmp_path: Path, body: str) -> Path:
     [
         ('nodes = 2\ndevice = "gpu9000"\n', [], "unknown device"),
         ('nodes = 2\ninter_link = "eth-3g"\n', [], "unknown link"),
-        ("nodes = 2\ninter_link = { bw_gbps = 0 }\n", [], "bandwidth"),
-        ("nodes = 2\ninter_link = { bw_gbps = -1 }\n", [], "bandwidth"),
+        ("nodes = 2\ninter_link = { bw_gbyte_s = 0 }\n", [], "bandwidth"),
+        ("nodes = 2\ninter_link = { bw_gbyte_s = -1 }\n", [], "bandwidth"),
         ("nodes = 2\ndevices_per_node = 2\n", ["--world", "5"], "5 ranks requested"),
     ],
 )

@@ -32,7 +32,7 @@ def test_fit_recovers_constants() -> None:
     assert (a2, b2) == pytest.approx((a, b))
     # ring on 2 ranks: a = 2 alpha, b = 1 / bandwidth
     assert link.latency_us == pytest.approx(150.0)
-    assert link.bw_gbps * 1e3 == pytest.approx(1 / b)
+    assert link.bw_gbyte_s * 1e3 == pytest.approx(1 / b)
     with pytest.raises(UserError):
         fit_alpha_beta(np.array([1024]), np.array([5.0]), world=2)
 

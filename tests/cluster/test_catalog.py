@@ -22,13 +22,13 @@ def test_datasheet_values() -> None:
     assert device("A100-80GB").tflops("bf16") == 312.0
     assert device("v100").tflops("bf16") == 15.7  # no BF16 path: falls back to FP32
     assert device("h200").mem_gib == 141.0
-    assert link("pcie4-x16").bw_gbps == 31.5
-    assert link("ib-ndr").bw_gbps == 50.0
+    assert link("pcie4-x16").bw_gbyte_s == 31.5
+    assert link("ib-ndr").bw_gbyte_s == 50.0
 
 
 def test_custom_link() -> None:
     k = link("custom:0.1:500")
-    assert k.bw_gbps == pytest.approx(0.0125) and k.latency_us == 500
+    assert k.bw_gbyte_s == pytest.approx(0.0125) and k.latency_us == 500
 
 
 def test_planner_gpu_names_work_here_too() -> None:
@@ -63,9 +63,9 @@ def test_bad_link(name: str) -> None:
 
 def test_impossible_values() -> None:
     with pytest.raises(UserError, match="bandwidth"):
-        Link(name="x", bw_gbps=0, latency_us=1)
+        Link(name="x", bw_gbyte_s=0, latency_us=1)
     with pytest.raises(UserError, match="latency"):
-        Link(name="x", bw_gbps=1, latency_us=-1)
+        Link(name="x", bw_gbyte_s=1, latency_us=-1)
     with pytest.raises(UserError):
         Device(name="x", peak_tflops={"fp32": -1}, mem_bw_gbps=1, mem_gib=1, source="t")
     with pytest.raises(UserError):

@@ -6,6 +6,7 @@ import pytest
 
 from trainsim.cluster.catalog import Link
 from trainsim.cluster.collectives import (
+    AlphaBeta,
     allgather_us,
     allreduce_us,
     alltoall_us,
@@ -13,16 +14,18 @@ from trainsim.cluster.collectives import (
     collective_us,
     fair_share_us,
     hierarchical_allreduce_us,
+    p2p_us,
     ps_pushpull_us,
     reduce_scatter_us,
     ring_allreduce_us,
+    ring_share,
     tree_allreduce_us,
 )
 from trainsim.cluster.spec import cluster
 from trainsim.errors import UserError
 
-L = Link(name="t", bw_gbps=1.0, latency_us=10.0)
-FAST = Link(name="f", bw_gbps=10.0, latency_us=1.0)
+L = Link(name="t", bw_gbyte_s=1.0, latency_us=10.0)
+FAST = Link(name="f", bw_gbyte_s=10.0, latency_us=1.0)
 MB = 1_000_000
 
 
@@ -70,7 +73,7 @@ def test_spec_dispatch() -> None:
 
 
 def test_fair_share() -> None:
-    k = Link(name="s", bw_gbps=1.0, latency_us=0.0)
+    k = Link(name="s", bw_gbyte_s=1.0, latency_us=0.0)
     # two 1 MB transfers at t=0 share the link: both end at 2000 us
     assert fair_share_us([0, 0], [MB, MB], k).tolist() == pytest.approx([2000.0, 2000.0])
     # second starts at 500: first sends 0.5 MB alone, then both at 500 B/us: first ends at 1500;
@@ -78,7 +81,7 @@ def test_fair_share() -> None:
     end = fair_share_us([0, 500], [MB, MB], k)
     assert end[0] == pytest.approx(1500.0) and end[1] == pytest.approx(2000.0)
     # disjoint transfers do not interact; latency is added
-    lat = Link(name="l", bw_gbps=1.0, latency_us=5.0)
+    lat = Link(name="l", bw_gbyte_s=1.0, latency_us=5.0)
     assert fair_share_us([0, 5000], [MB, MB], lat).tolist() == pytest.approx([1005.0, 6005.0])
 
 
@@ -86,9 +89,57 @@ def test_fair_share() -> None:
 def test_fair_share_refuses_non_finite_input(starts: list[float], sizes: list[float]) -> None:
     """Its fluid simulation never ended on a NaN or infinite transfer (found 2026-11-26)."""
     with pytest.raises(UserError, match="must be finite"):
-        fair_share_us(starts, sizes, Link(name="t", bw_gbps=1.0, latency_us=0.0))
+        fair_share_us(starts, sizes, Link(name="t", bw_gbyte_s=1.0, latency_us=0.0))
 
 
 def test_collective_refuses_a_nan_size() -> None:
     with pytest.raises(UserError, match="expected a finite number >= 0"):
-        ring_allreduce_us(float("nan"), 4, Link(name="t", bw_gbps=1.0, latency_us=0.0))
+        ring_allreduce_us(float("nan"), 4, Link(name="t", bw_gbyte_s=1.0, latency_us=0.0))
+
+
+def test_one_interface_alpha_beta() -> None:
+    """``AlphaBeta.time_us`` is the module's formula of each kind; a send is one latency and its bytes."""
+    net = AlphaBeta(L)
+    for kind, fn in (("allreduce", ring_allreduce_us), ("reduce_scatter", reduce_scatter_us),
+                     ("allgather", allgather_us), ("broadcast", broadcast_us), ("alltoall", alltoall_us)):  # fmt: skip
+        assert net.time_us(kind, MB, 4) == fn(MB, 4, L)
+    assert net.time_us("p2p", MB, 2) == p2p_us(MB, L) == pytest.approx(10.0 + 1000.0)
+    assert ring_share("allreduce", 4) == 1.5 and ring_share("allgather", 4) == 0.75 and ring_share("p2p", 2) == 1.0
+    with pytest.raises(UserError, match="unknown collective 'gossip'"):
+        net.time_us("gossip", MB, 4)
+    with pytest.raises(UserError, match="not a ring collective"):
+        ring_share("broadcast", 4)
+
+
+def test_one_interface_calibration() -> None:
+    """A link calibration answers ``time_us`` from its fit among its ranks, from its ring link elsewhere."""
+    from trainsim.cluster.calibration import Calibration
+
+    cal = Calibration(world=2, rate_mbit=100, delay_ms=0, sizes_bytes=[1024, MB], measured_us=[500.0, 9000.0],
+                      a_us=400.0, b_us_per_byte=0.0085, link=L, p2p_sizes_bytes=[1024, MB],
+                      p2p_oneway_us=[300.0, 5300.0])  # fmt: skip
+    assert cal.time_us("allreduce", MB, 2) == cal.predict_us(MB)
+    assert cal.time_us("allreduce", MB, 4) == ring_allreduce_us(MB, 4, L)
+    assert cal.time_us("allgather", MB, 2) == cal.allgather_us(MB / 2)
+    a, b = cal.p2p_line()
+    assert cal.time_us("p2p", MB, 2) == pytest.approx(a + b * MB) and b > 0
+
+
+def test_link_bandwidth_is_named_in_gbyte_s_and_takes_its_old_name() -> None:
+    assert Link(name="o", bw_gbps=2.0, latency_us=1.0) == Link(name="o", bw_gbyte_s=2.0, latency_us=1.0)
+    assert cluster(nodes=2, inter={"bw_gbps": 1.5}).inter.bw_gbyte_s == 1.5
+    assert cluster(nodes=2, inter={"bw_gbyte_s": 1.5}).inter.bytes_per_us == 1500.0
+
+
+def test_the_planner_prices_a_ring_with_the_same_share() -> None:
+    """``plan.optime``'s ring all-reduce, all-gather and send move the bytes of ``ring_share``: at full
+    efficiency and no latency they equal the alpha-beta model's (the planner adds its own latency terms)."""
+    from dataclasses import replace
+
+    from trainsim.plan.optime import DEFAULT_EFFICIENCY, gather_s, p2p_s, ring_allreduce_s
+
+    eff = replace(DEFAULT_EFFICIENCY, network=1.0, comm_latency_us=0.0)
+    free = Link(name="z", bw_gbyte_s=1.0, latency_us=0.0)
+    assert ring_allreduce_s(MB, 8, 1.0, eff, on_nvlink=False) * 1e6 == pytest.approx(ring_allreduce_us(MB, 8, free))
+    assert gather_s(MB, 8, 1.0, eff, on_nvlink=False) * 1e6 == pytest.approx(allgather_us(MB, 8, free))
+    assert p2p_s(MB, 1.0, eff, on_nvlink=False) * 1e6 == pytest.approx(p2p_us(MB, free))

@@ -10,7 +10,7 @@ from trainsim.errors import UserError
 
 def test_python_builder() -> None:
     c = cluster(nodes=4, devices_per_node=8, device="a100-80gb", intra="nvlink3", inter="ib-hdr")
-    assert c.world_size == 32 and c.inter.bw_gbps == 25.0
+    assert c.world_size == 32 and c.inter.bw_gbyte_s == 25.0
     c.check_ranks(32)
     with pytest.raises(UserError, match="33 ranks requested"):
         c.check_ranks(33)
@@ -20,7 +20,7 @@ def test_toml_and_yaml(tmp_path: Path) -> None:
     t = tmp_path / "c.toml"
     t.write_text(
         'nodes = 2\ndevices_per_node = 4\ndevice = "h100-sxm"\nintra_link = "nvlink4"\n'
-        'inter_link = { bw_gbps = 12.5, latency_us = 15 }\ntopology = "hierarchical"\n'
+        'inter_link = { bw_gbyte_s = 12.5, latency_us = 15 }\ntopology = "hierarchical"\n'
     )
     c = load_cluster(t)
     assert (c.world_size, c.topology, c.inter.latency_us) == (8, "hierarchical", 15.0)
@@ -35,8 +35,8 @@ def test_toml_and_yaml(tmp_path: Path) -> None:
     [
         ({"device": "b300"}, "unknown device"),
         ({"inter_link": "eth-7g"}, "unknown link"),
-        ({"inter_link": {"bw_gbps": 0}}, "bandwidth"),
-        ({"inter_link": {"bw_gbps": -3, "latency_us": 1}}, "bandwidth"),
+        ({"inter_link": {"bw_gbyte_s": 0}}, "bandwidth"),
+        ({"inter_link": {"bw_gbyte_s": -3, "latency_us": 1}}, "bandwidth"),
         ({"nodes": 0}, "nodes=0"),
         ({"topology": "mesh"}, "topology"),
         ({"gpus": 8}, "unknown key"),

@@ -32,7 +32,7 @@ from trainsim.simulate.engine import simulate
 from trainsim.transform.dataparallel import DPConfig, data_parallel
 from trainsim.transform.topology import allreduce_tasks, retime_topology, topology_comm_us
 
-LINK = Link(name="x", bw_gbps=1.0, latency_us=10.0)  # 1000 bytes per µs
+LINK = Link(name="x", bw_gbyte_s=1.0, latency_us=10.0)  # 1000 bytes per µs
 MB = 1_000_000
 
 
@@ -83,7 +83,7 @@ def test_calibrated_link() -> None:
 
 
 def test_cluster_spec_picks_the_link_between_nodes() -> None:
-    spec = cluster(nodes=4, devices_per_node=1, inter={"bw_gbps": 1.0, "latency_us": 10.0})
+    spec = cluster(nodes=4, devices_per_node=1, inter={"bw_gbyte_s": 1.0, "latency_us": 10.0})
     assert topology_sync_us(MB, spec, Topology(kind="gossip_ring")) == pytest.approx(2010.0)
     with pytest.raises(UserError, match="ranks requested"):
         topology_sync_us(MB, spec, Topology(), ranks=8)
@@ -119,17 +119,17 @@ TOPOS = st.builds(
 def test_more_bandwidth_never_slower(
     topo: Topology, p: int, size: float, bw: float, more: float, alpha: float
 ) -> None:
-    slow = Link(name="slow", bw_gbps=bw, latency_us=alpha)
-    fast = Link(name="fast", bw_gbps=bw * more, latency_us=alpha)
+    slow = Link(name="slow", bw_gbyte_s=bw, latency_us=alpha)
+    fast = Link(name="fast", bw_gbyte_s=bw * more, latency_us=alpha)
     assert sync_us(size, p, fast, topo) <= sync_us(size, p, slow, topo) * (1 + 1e-12)
-    worse = Link(name="worse", bw_gbps=bw, latency_us=alpha + 1.0)
+    worse = Link(name="worse", bw_gbyte_s=bw, latency_us=alpha + 1.0)
     assert sync_us(size, p, worse, topo) >= sync_us(size, p, slow, topo)
     assert sync_us(size * 2, p, slow, topo) >= sync_us(size, p, slow, topo)
 
 
 # --------------------------------------------------------------------------- the what-if on a DP graph
 def _dp(world: int = 4) -> tuple[TaskGraph, ClusterSpec]:
-    spec = cluster(nodes=world, devices_per_node=1, inter={"bw_gbps": 0.1, "latency_us": 20.0})
+    spec = cluster(nodes=world, devices_per_node=1, inter={"bw_gbyte_s": 0.1, "latency_us": 20.0})
     g, params, layers = _profile_like()
     ring = topology_comm_us(spec, Topology(kind="rolling_ps"))  # the ring all-reduce's time, shard by shard
     return data_parallel(g, params, layers, DPConfig(world=world), comm_us=ring), spec

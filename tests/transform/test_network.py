@@ -11,8 +11,8 @@ from trainsim.errors import UserError
 from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskGraph, TaskKind
 from trainsim.transform.network import collective_kind, retime_collectives, scale_network, split_collectives
 
-SLOW = Link(name="slow", bw_gbps=1.0, latency_us=10.0)
-FAST = Link(name="fast", bw_gbps=10.0, latency_us=10.0)
+SLOW = Link(name="slow", bw_gbyte_s=1.0, latency_us=10.0)
+FAST = Link(name="fast", bw_gbyte_s=10.0, latency_us=10.0)
 
 
 def _graph() -> TaskGraph:
@@ -109,8 +109,8 @@ def test_split_fits_the_median_busy_period() -> None:
     assert scale_network(g, bw_factor=2.0, split=sp).dur_us[sp.tasks].tolist() == pytest.approx([500, 600, 900])
     assert scale_network(g, bw_factor=2.0).dur_us[sp.tasks].tolist() == pytest.approx([500, 600, 750])  # no split
     # the same with cluster files: the model's time ratio scales the fitted transfer
-    old = cluster(nodes=2, inter=Link(name="old", bw_gbps=1.25, latency_us=0.0))
-    new = cluster(nodes=2, inter=Link(name="new", bw_gbps=2.5, latency_us=0.0))
+    old = cluster(nodes=2, inter=Link(name="old", bw_gbyte_s=1.25, latency_us=0.0))
+    new = cluster(nodes=2, inter=Link(name="new", bw_gbyte_s=2.5, latency_us=0.0))
     g2 = retime_collectives(g, new=new, old=old, split=sp)
     assert g2.dur_us[sp.tasks].tolist() == pytest.approx([500, 600, 900])
     with pytest.raises(UserError, match="old="):
@@ -119,7 +119,7 @@ def test_split_fits_the_median_busy_period() -> None:
 
 def test_split_with_the_traced_network_model() -> None:
     """Given the network of the trace (1.25 GB/s: 800 us per all-reduce), the rest of each is the skew."""
-    old = cluster(nodes=2, inter=Link(name="old", bw_gbps=1.25, latency_us=0.0))
+    old = cluster(nodes=2, inter=Link(name="old", bw_gbyte_s=1.25, latency_us=0.0))
     sp = split_collectives(_ddp_graph(), old=old)
     assert sp.method == "model"
     assert sp.transfer_us.tolist() == pytest.approx([800.0, 800.0, 800.0])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from trainsim.capture.layerprofile import LayerProfile
+from trainsim.cluster.catalog import Link
+from trainsim.cluster.collectives import AlphaBeta
 from trainsim.errors import UserError
 from trainsim.graph.ir import ResourceKind
 from trainsim.transform.ooo import (
-    AllReduceCost,
     HostTerms,
     dp_graph,
     interpolated_terms,
@@ -17,6 +18,10 @@ from trainsim.transform.ooo import (
     search_k,
     search_schedule_map,
 )
+
+
+def _net(gbit_s: float = 1.0, latency_us: float = 100.0) -> AlphaBeta:
+    return AlphaBeta(Link(name="t", bw_gbyte_s=gbit_s / 8, latency_us=latency_us))
 
 
 def _profile(n: int = 5, fwd: float = 1000.0, param_bytes: int = 1_000_000) -> LayerProfile:
@@ -40,7 +45,7 @@ def _profile(n: int = 5, fwd: float = 1000.0, param_bytes: int = 1_000_000) -> L
 
 def test_allreduce_order_is_the_wrappers_issue_order() -> None:
     prof = _profile()
-    net = AllReduceCost(bw_gbps=1.0)
+    net = _net(1.0)
     for k, want in (
         (0, ["l4", "l3", "l2", "l1", "l0"]),
         (2, ["l4", "l3", "l2", "l0", "l1"]),
@@ -54,7 +59,7 @@ def test_allreduce_order_is_the_wrappers_issue_order() -> None:
 
 def test_free_network_gives_the_compute_time() -> None:
     prof = _profile()
-    net = AllReduceCost(bw_gbps=1e9, latency_us=0.0)
+    net = _net(1e9, 0.0)
     compute_ms = (5 * (3 * 1000.0 + 50.0) + 100.0) / 1e3
     for k in range(6):
         assert predict_dp(prof, 32, k, net) == pytest.approx(compute_ms, rel=1e-6)
@@ -62,7 +67,7 @@ def test_free_network_gives_the_compute_time() -> None:
 
 def test_comm_bound_reordering_helps_and_search_finds_it() -> None:
     prof = _profile()
-    net = AllReduceCost(bw_gbps=4.0, latency_us=100.0)  # 1 MB in 2 ms: comparable with a layer's work
+    net = _net(4.0, 100.0)  # 1 MB in 2 ms: comparable with a layer's work
     best, pred = search_k(prof, 32, net)
     assert best > 0 and pred[best] < pred[0] * 0.97
     assert set(pred) == set(range(6))
@@ -72,7 +77,7 @@ def test_search_with_host_terms_per_k() -> None:
     """Host work that grows with k (``interpolated_terms``) moves the search: terms at k = 0 and k = n,
     linear between; with a large enough cost per reordered layer, k = 0 wins."""
     prof = _profile()
-    net = AllReduceCost(bw_gbps=4.0, latency_us=100.0)
+    net = _net(4.0, 100.0)
     lo, hi = HostTerms(factor=1.0, extra_us=0.0), HostTerms(factor=1.5, extra_us=5000.0)
     at = interpolated_terms(lo, hi, 5)
     assert at(0) == lo and at(5) == hi
@@ -86,9 +91,9 @@ def test_search_with_host_terms_per_k() -> None:
 
 def test_bad_k() -> None:
     with pytest.raises(UserError, match="has 5 layers"):
-        predict_dp(_profile(), 32, 6, AllReduceCost())
-    with pytest.raises(UserError, match="bw_gbps"):
-        AllReduceCost(bw_gbps=0)
+        predict_dp(_profile(), 32, 6, _net())
+    with pytest.raises(UserError, match="bandwidth"):
+        _net(0.0)
 
 
 def test_multistream_overlaps_weight_gradients() -> None:
@@ -107,7 +112,7 @@ def test_host_terms_stretch_compute_and_add_per_step_work() -> None:
     from trainsim.transform.ooo import HostTerms
 
     prof = _profile()
-    net = AllReduceCost(bw_gbps=1e9, latency_us=0.0)
+    net = _net(1e9, 0.0)
     compute_ms = (5 * (3 * 1000.0 + 50.0) + 100.0) / 1e3
     host = HostTerms(factor=1.5, extra_us=2000.0)
     for k in (0, 3):
@@ -122,7 +127,7 @@ def test_the_runtime_s_extra_work_delays_the_last_all_reduce() -> None:
     ends later by about all of it, even where that all-reduce outlasts it (one task after the last
     issue would hide behind the transfer)."""
     prof = _profile()
-    net = AllReduceCost(bw_gbps=8.0, latency_us=0.0)  # 1 ms per layer: the input layer's all-reduce is the tail
+    net = _net(8.0, 0.0)  # 1 ms per layer: the input layer's all-reduce is the tail
     plain = predict_dp(prof, 32, 0, net)
     assert plain == pytest.approx((5 * 3000.0 + 100.0 + 1000.0 + 5 * 50.0) / 1e3, rel=1e-6)
     slower = predict_dp(prof, 32, 0, net, host=HostTerms(factor=1.0, extra_us=500.0))

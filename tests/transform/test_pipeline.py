@@ -7,10 +7,11 @@ import pytest
 pytest.importorskip("torch")
 
 from trainsim.capture.layerprofile import LayerProfile
+from trainsim.cluster.catalog import Link
 from trainsim.errors import UserError
 from trainsim.transform.pipeline import (
     SCHEDULES,
-    Link,
+    P2PLink,
     PipeSpec,
     check_split,
     choose_split,
@@ -19,6 +20,9 @@ from trainsim.transform.pipeline import (
     plan_split,
     predict_pipeline,
 )
+
+WIRE = Link(name="t", bw_gbyte_s=10 / 8, latency_us=50.0)  # 10 Gbit/s, 50 us
+P2P = P2PLink(wire=WIRE)
 
 CASES = [
     ("GPipe", 1),
@@ -68,7 +72,7 @@ def test_graph_runs_the_schedule_objects_order(name: str, spr: int, m: int) -> N
         r: [str(a) for a in acts] for r, acts in order.items()
     }
     # every action became one task, in that order, on its rank's queue (per step)
-    pred = predict_pipeline(_profile(), spec, batch_size=32, link=Link(), steps=2)
+    pred = predict_pipeline(_profile(), spec, batch_size=32, link=P2P, steps=2)
     g = pred.graph
     for r, acts in order.items():
         rid = g.resource_id(f"rank{r}:cpu")
@@ -107,9 +111,9 @@ def test_torch_schedule1f1b_declared_order_is_not_what_it_runs() -> None:
 
 def test_zero_bubble_beats_gpipe_when_f_b_w_are_equal() -> None:
     prof = _profile()
-    gp = predict_pipeline(prof, PipeSpec(schedule="GPipe", microbatches=8), batch_size=32, link=Link())
+    gp = predict_pipeline(prof, PipeSpec(schedule="GPipe", microbatches=8), batch_size=32, link=P2P)
     zb = predict_pipeline(
-        prof, PipeSpec(schedule="InterleavedZeroBubble", microbatches=8), batch_size=32, link=Link()
+        prof, PipeSpec(schedule="InterleavedZeroBubble", microbatches=8), batch_size=32, link=P2P
     )
     assert zb.step_ms < gp.step_ms
 
@@ -118,8 +122,8 @@ def test_host_cpu_of_sends_and_receives_lands_on_the_ranks() -> None:
     """Each SEND/RECV action costs its rank ``cpu_us + cpu_us_per_byte * bytes`` of compute time."""
     prof = _profile()
     spec = PipeSpec(schedule="GPipe", microbatches=4)
-    free = predict_pipeline(prof, spec, batch_size=32, link=Link(), steps=2)
-    paid = predict_pipeline(prof, spec, batch_size=32, link=Link(cpu_us=300.0, cpu_us_per_byte=1e-3), steps=2)
+    free = predict_pipeline(prof, spec, batch_size=32, link=P2P, steps=2)
+    paid = predict_pipeline(prof, spec, batch_size=32, link=P2PLink(wire=WIRE, cpu_us=300.0, cpu_us_per_byte=1e-3), steps=2)
     g = paid.graph
     comm_actions = [i for i in range(g.n_tasks) if "SEND" in g.task_name(i) or "RECV" in g.task_name(i)]
     assert comm_actions and all(g.dur_us[i] > 300.0 for i in comm_actions)
@@ -130,12 +134,12 @@ def test_host_cpu_of_sends_and_receives_lands_on_the_ranks() -> None:
 def test_a_per_step_runtime_cost_lengthens_every_step_by_itself() -> None:
     prof = _profile()
     spec = PipeSpec(schedule="1F1B", microbatches=4)
-    base = predict_pipeline(prof, spec, batch_size=32, link=Link(), steps=4)
-    more = predict_pipeline(prof, spec, batch_size=32, link=Link(), steps=4, step_overhead_us=2000.0)
+    base = predict_pipeline(prof, spec, batch_size=32, link=P2P, steps=4)
+    more = predict_pipeline(prof, spec, batch_size=32, link=P2P, steps=4, step_overhead_us=2000.0)
     # the optimizer of each rank ends the step, and both ranks pay it: the step grows by the cost
     assert more.step_ms == pytest.approx(base.step_ms + 2.0, rel=1e-6)
     with pytest.raises(UserError, match="step_overhead_us"):
-        predict_pipeline(prof, spec, batch_size=32, link=Link(), step_overhead_us=-1.0)
+        predict_pipeline(prof, spec, batch_size=32, link=P2P, step_overhead_us=-1.0)
 
 
 def test_bad_input_is_refused() -> None:
@@ -150,7 +154,7 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(UserError, match="covers 5 layers"):
         check_split([2, 3], 6, 2)
     with pytest.raises(UserError, match="does not divide the batch size 30"):
-        predict_pipeline(_profile(), PipeSpec(schedule="GPipe", microbatches=4), batch_size=30, link=Link())
+        predict_pipeline(_profile(), PipeSpec(schedule="GPipe", microbatches=4), batch_size=30, link=P2P)
     with pytest.raises(UserError, match="would be empty"):
         plan_split([1.0, 2.0], 3)
 
@@ -184,7 +188,7 @@ def _blocks_per_rank(spec: PipeSpec, sizes: list[int]) -> list[int]:
 @pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV"])
 def test_the_planned_split_balances_the_ranks_of_a_v_schedule(name: str) -> None:
     # balanced stages (2,2,2,3) hold blocks 0 and 5 on rank 0 and blocks 1-4 on rank 1
-    prof, spec, link = _transformer_like(), PipeSpec(schedule=name, stages_per_rank=2, microbatches=16), Link()
+    prof, spec, link = _transformer_like(), PipeSpec(schedule=name, stages_per_rank=2, microbatches=16), P2P
     stagewise = plan_split([r["fwd_us"] + r["bwd_us"] for r in prof.table(2)], 4)
     assert _blocks_per_rank(spec, stagewise) == [2, 4]
     planned = predict_pipeline(prof, spec, batch_size=32, link=link)
@@ -220,7 +224,7 @@ def test_latencies_of_messages_in_flight_overlap() -> None:
     latencies, as on a TCP connection)."""
     prof = _profile()
     spec = PipeSpec(schedule="Interleaved1F1B", stages_per_rank=2, microbatches=8)
-    link = Link(bw_gbps=1.0, latency_us=5_000.0)
+    link = P2PLink(wire=Link(name="t", bw_gbyte_s=1.0 / 8, latency_us=5_000.0))
     g = predict_pipeline(prof, spec, batch_size=32, link=link, steps=2).graph
     wires = [i for i in range(g.n_tasks) if g.task_name(i).startswith("p2p_") and ":" not in g.task_name(i)]
     delays = [i for i in range(g.n_tasks) if g.task_name(i).endswith(":latency")]
@@ -240,7 +244,8 @@ def test_a_send_waits_for_the_receivers_ready_notice_to_cross_the_link() -> None
     prof = _profile()
     spec = PipeSpec(schedule="GPipe", stages_per_rank=1, microbatches=4)
     lat = 5_000.0
-    g = predict_pipeline(prof, spec, batch_size=32, link=Link(bw_gbps=1.0, latency_us=lat), steps=1).graph
+    g = predict_pipeline(prof, spec, batch_size=32, link=P2PLink(wire=Link(name="t", bw_gbyte_s=0.125, latency_us=lat)),
+                         steps=1).graph
     res = simulate(g)
     wires = [i for i in range(g.n_tasks) if g.task_name(i).startswith("p2p_") and ":" not in g.task_name(i)]
     assert wires

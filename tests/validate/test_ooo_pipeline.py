@@ -57,6 +57,20 @@ def _frozen(doc: dict[str, Any]) -> list[tuple[str, float]]:
     return [(r["label"], r["predicted_ms"]) for r in doc["runs"]]
 
 
+def test_the_machine_calibration_is_a_collective_cost() -> None:
+    """``MachineCalibration.cost`` answers ``time_us`` with its own models (what ``validate ooo-dp`` prices
+    the all-reduces with), an all-gather's size being its output, and refuses a kind it has no model of."""
+    from trainsim.errors import UserError
+
+    cal = _cal()
+    net = cal.cost(rate_mbit=100.0, delay_ms=2.0)
+    assert net.time_us("allreduce", 1e6, 4) == cal.allreduce_us(1e6, world=4, rate_mbit=100.0, delay_ms=2.0)
+    assert net.time_us("allgather", 3e6, 3) == pytest.approx(cal.allgather_us(1e6, world=3, rate_mbit=100.0, delay_ms=2.0))
+    assert net.time_us("p2p", 1e6, 2) == cal.p2p_us(1e6, rate_mbit=100.0, delay_ms=2.0)
+    with pytest.raises(UserError, match="no model of 'broadcast'"):
+        net.time_us("broadcast", 1e6, 2)
+
+
 # --------------------------------------------------------------------------- ooo-dp
 def _ooo_profiler(case: ooo.OooCase) -> LayerProfile:
     return _profile(case.model, case.blocks + 2, (case.batch_size,))
@@ -160,8 +174,8 @@ def test_pipeline_link_comes_from_the_calibration_alone() -> None:
     link = pipeline.pipe_link(cal, 100.0, 2.0)
     a, b = cal.p2p_line
     assert link.cpu_us == pytest.approx(a / 2) and link.cpu_us_per_byte == pytest.approx(b / 2)
-    assert link.latency_us == pytest.approx(2000.0)
-    assert link.transfer_us(1_000_000) - link.latency_us == pytest.approx(8e6 / (100 * 0.9))
+    assert link.wire.latency_us == pytest.approx(2000.0)
+    assert link.transfer_us(1_000_000) - link.wire.latency_us == pytest.approx(8e6 / (100 * 0.9))
     # unshaped: the host's work is the whole cost of a message
     assert pipeline.pipe_link(cal, None, 0.0).transfer_us(1_000_000) < 10.0
 

@@ -98,7 +98,7 @@ def calibrate(
     click.echo(
         f"fit: t = {cal.a_us:.1f} us + max({cal.floor_us:.1f} us + {cal.b0_us_per_byte * 1e3:.4f} us/KB * "
         f"(size - {knee / 1e3:.1f} KB), {b * 1e3:.4f} us/KB * size); ring model: alpha "
-        f"{cal.link.latency_us:.1f} us, bandwidth {cal.link.bw_gbps * 8e3:.1f} Mbit/s"
+        f"{cal.link.latency_us:.1f} us, bandwidth {cal.link.bw_gbyte_s * 8e3:.1f} Mbit/s"
     )
     ratios = [f"{x:,} B x{r:.3f}" for x, r in zip(cal.residual_sizes_bytes, cal.residual_ratio, strict=True) if r != 1]
     if ratios:
@@ -130,6 +130,7 @@ def scaleout(
     """Predict the data-parallel step time of a single-process trace on a cluster."""
     from trainsim.capture.profile import sidecar_path
     from trainsim.cluster.calibration import Calibration
+    from trainsim.cluster.collectives import cluster_us
     from trainsim.cluster.spec import cluster, load_cluster
     from trainsim.graph.build import load_trace
     from trainsim.simulate.engine import simulate
@@ -140,7 +141,6 @@ def scaleout(
         dp_step_ms,
         read_params,
     )
-    from trainsim.transform.network import model_us
 
     spec = load_cluster(cluster_file) if cluster_file else None
     if calibration:
@@ -165,7 +165,7 @@ def scaleout(
     cfg = DPConfig(world=n, mode=mode, bucket_cap_mb=bucket_mb, lanes=BACKEND_LANES[backend],
                    slice_bytes=max(1, round(slice_kb * 1024)), partition_bytes=max(1, round(partition_mb * 1e6)),
                    credit=credit)  # fmt: skip
-    dp = data_parallel(g, params, layers, cfg, comm_us=lambda b: model_us("allreduce", b, spec, n))
+    dp = data_parallel(g, params, layers, cfg, comm_us=lambda b: cluster_us("allreduce", b, spec, n))
     single = dp_step_ms(simulate(g).step_ms, "ddp")  # the same statistic (median step) as the prediction
     step = dp_step_ms(simulate(dp).step_ms, mode)
     out = {"trace": trace, "cluster": spec.describe(), "ranks": n, "mode": mode, "backend": backend,

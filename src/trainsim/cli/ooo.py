@@ -35,10 +35,11 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
         raise UserError(f"{what} {text!r}: expected comma-separated integers") from exc
 
 
-def _allreduce(rate: float, latency_us: float) -> Any:
-    from trainsim.transform.ooo import AllReduceCost
+def _link(rate: float, latency_us: float) -> Any:
+    """The link of ``--rate`` (Mbit/s) and ``--latency-us``."""
+    from trainsim.cluster.catalog import Link
 
-    return AllReduceCost(world_size=2, bw_gbps=rate / 1e3, latency_us=latency_us)
+    return Link(name="cli", bw_gbyte_s=rate / 8e3, latency_us=latency_us)
 
 
 @click.group("ooo")
@@ -109,10 +110,11 @@ def dp_cmd(
 ) -> None:
     """Predicted step time of 2-rank data parallelism in DDP order (k=0) and with reverse first-k."""
     from trainsim.capture.layerprofile import LayerProfile
+    from trainsim.cluster.collectives import AlphaBeta
     from trainsim.transform.ooo import predict_dp, search_k
 
     prof = LayerProfile.load(profile)
-    net = _allreduce(rate, latency_us)
+    net = AlphaBeta(_link(rate, latency_us))
     best, pred = search_k(prof, batch_size, net) if (search or k is None) else (k, {})
     if k is not None:
         pred = {0: predict_dp(prof, batch_size, 0, net), k: predict_dp(prof, batch_size, k, net)}
@@ -157,7 +159,7 @@ def pipeline_cmd(
 ) -> None:
     """Predicted step time of a torch.distributed.pipelining schedule, from a single-process profile."""
     from trainsim.capture.layerprofile import LayerProfile
-    from trainsim.transform.pipeline import Link, PipeSpec, predict_pipeline
+    from trainsim.transform.pipeline import P2PLink, PipeSpec, predict_pipeline
 
     prof = LayerProfile.load(profile)
     spec = PipeSpec(
@@ -167,7 +169,7 @@ def pipeline_cmd(
         prof,
         spec,
         batch_size=batch_size,
-        link=Link(bw_gbps=rate / 1e3, latency_us=latency_us),
+        link=P2PLink(wire=_link(rate, latency_us)),
         split=_ints(split, "--split") or None,
     )
     obj = {

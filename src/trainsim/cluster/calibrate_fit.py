@@ -331,7 +331,7 @@ def ring_link(small_us: float, b: float, world: int) -> Link:
     steps = 2 * (world - 1)
     alpha = small_us / steps if steps else 0.0
     bytes_per_us = steps / world / b if steps else 1e12
-    return Link(name="calibrated", bw_gbps=bytes_per_us / 1e3, latency_us=alpha, source="trainsim calibrate")
+    return Link(name="calibrated", bw_gbyte_s=bytes_per_us / 1e3, latency_us=alpha, source="trainsim calibrate")
 
 
 def default_sizes(max_bytes: int, min_bytes: int = 1024, factor: int = 4) -> list[int]:

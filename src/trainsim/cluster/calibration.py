@@ -3,11 +3,12 @@
     >>> import json
     >>> from trainsim.cluster.calibration import Calibration
     >>> cal = Calibration.from_json(json.load(open("net.json")))   # doctest: +SKIP
-    >>> cal.predict_us(4 << 20), cal.link.bw_gbps                   # doctest: +SKIP
+    >>> cal.predict_us(4 << 20), cal.link.bw_gbyte_s                # doctest: +SKIP
+    >>> cal.time_us("allreduce", 4 << 20, cal.world)                # doctest: +SKIP
 
 Made by ``testbed.calibrate`` (``trainsim calibrate --out net.json``); read by the what-ifs, ``scaleout
---calibration`` and the validations, which need none of the machinery that measured it. The link's
-predictions (``predict_us``, ``p2p_line``, ``ps_lines``, ``duplex_factor``, ``allgather_us``) describe the
+--calibration`` and the validations, which need none of the machinery that measured it. It is a
+``collectives.CollectiveCost`` (``time_us``). The link's predictions (``predict_us``, ``p2p_line``, ``ps_lines``, ``duplex_factor``, ``allgather_us``) describe the
 emulated network; ``cpu_us``, ``slowdown``, ``lost_us`` and ``busy_post_us`` describe the test host
 (``testbed.calibrate_host``).
 """
@@ -21,6 +22,13 @@ import numpy as np
 
 from trainsim.cluster.calibrate_fit import knee_us, nonneg_line
 from trainsim.cluster.catalog import Link
+from trainsim.cluster.collectives import allgather_us, collective_us
+
+
+def _log_interp(size_bytes: float, sizes: list[int], ys: list[float]) -> float:
+    """``ys`` at ``size_bytes``, interpolated in log size between ``sizes``, the end values held beyond them."""
+    x = np.log(np.maximum(np.asarray(sizes, float), 1.0))
+    return float(np.interp(np.log(max(float(size_bytes), 1.0)), x, np.asarray(ys, float)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,10 +112,7 @@ class Calibration:
     def slowdown(self, size_bytes: float) -> float:
         """How much longer an all-reduce of ``size_bytes`` takes while the ranks compute (>= 1):
         interpolated in log size between the measured sizes, constant beyond them; 1 if unmeasured."""
-        if not self.busy_slowdown:
-            return 1.0
-        x = np.log(np.maximum(np.asarray(self.cpu_sizes_bytes, float), 1.0))
-        return float(np.interp(np.log(max(float(size_bytes), 1.0)), x, np.asarray(self.busy_slowdown, float)))
+        return _log_interp(size_bytes, self.cpu_sizes_bytes, self.busy_slowdown) if self.busy_slowdown else 1.0
 
     def cpu_line(self, *, p2p: bool = False) -> tuple[float, float]:
         """``(c0 µs, c1 µs/byte)``: host CPU a rank spends on one all-reduce (or, ``p2p``, on one send
@@ -150,10 +155,7 @@ class Calibration:
 
     def residual(self, size_bytes: float) -> float:
         """The residual ratio ``predict_us / fit_us`` at ``size_bytes`` (see ``residual_ratios``)."""
-        if not self.residual_ratio:
-            return 1.0
-        x = np.log(np.asarray(self.residual_sizes_bytes, float))
-        return float(np.interp(np.log(max(float(size_bytes), 1.0)), x, np.asarray(self.residual_ratio, float)))
+        return _log_interp(size_bytes, self.residual_sizes_bytes, self.residual_ratio) if self.residual_ratio else 1.0
 
     def p2p_line(self) -> tuple[float, float]:
         """``(latency_us, us_per_byte)`` of one point-to-point transfer, a relative least-squares line
@@ -218,9 +220,20 @@ class Calibration:
             if s > x[-1]:
                 return float(y[-1] + (s - x[-1]) * max(0.0, (y[-1] - y[-2]) / (x[-1] - x[-2])))
             return float(np.interp(s, x, y))
-        from trainsim.cluster.collectives import allgather_us
-
         return allgather_us(self.world * float(size_bytes), self.world, self.link)
+
+    def time_us(self, kind: str, size_bytes: float, group: int) -> float:
+        """``collectives.CollectiveCost``: among the calibrated ``world`` ranks an all-reduce is
+        ``predict_us`` and an all-gather (``size_bytes`` its output) ``allgather_us``; a send is
+        ``p2p_line``; anything else, or another group, the ring model of the calibrated ``link``."""
+        if kind == "p2p":
+            a, b = self.p2p_line()
+            return a + b * float(size_bytes)
+        if group == self.world and kind == "allreduce":
+            return self.predict_us(size_bytes)
+        if group == self.world and kind == "allgather":
+            return self.allgather_us(float(size_bytes) / group)
+        return collective_us(kind, size_bytes, group, self.link)
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)

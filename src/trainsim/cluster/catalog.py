@@ -1,18 +1,18 @@
 """Catalog of accelerators and links, every figure with its source.
 
     >>> from trainsim.cluster.catalog import device, link
-    >>> device("a100-80gb").peak_tflops["bf16"], link("ib-hdr").bw_gbps
+    >>> device("a100-80gb").peak_tflops["bf16"], link("ib-hdr").bw_gbyte_s
     (312.0, 25.0)
 
 Rates are *dense* peaks (no 2:4 sparsity) in TFLOP/s; memory bandwidth in GB/s (10^9 bytes/s), memory
-size in GiB as the vendor states it (GB on datasheets). Link bandwidth ``bw_gbps`` is GB/s (10^9 bytes/s)
+size in GiB as the vendor states it (GB on datasheets). Link bandwidth ``bw_gbyte_s`` is GB/s (10^9 bytes/s)
 *per direction*; ``latency_us`` is the one-way per-message latency an alpha-beta model uses.
 A dtype a device does not accelerate falls back to its FP32 rate (``Device.tflops``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from trainsim.errors import UserError
 
@@ -63,22 +63,26 @@ class Link:
 
     name: str
     """catalog key, e.g. ``"pcie4-x16"``, ``"eth-100g"``"""
-    bw_gbps: float
+    bw_gbyte_s: float = 0.0
     """bandwidth per direction, GB/s (10^9 bytes/s)"""
     latency_us: float
     """one-way latency per message (alpha), microseconds"""
     source: str = field(default="")
     """where the figures come from"""
+    bw_gbps: InitVar[float | None] = None
+    """``bw_gbyte_s``'s former name, for callers and calibration files not yet renamed; reads as None"""
 
-    def __post_init__(self) -> None:
-        if not self.bw_gbps > 0:
-            raise UserError(f"link {self.name!r}: bandwidth {self.bw_gbps!r} GB/s; expected > 0")
+    def __post_init__(self, bw_gbps: float | None) -> None:
+        if bw_gbps is not None:
+            object.__setattr__(self, "bw_gbyte_s", bw_gbps)
+        if not self.bw_gbyte_s > 0:
+            raise UserError(f"link {self.name!r}: bandwidth {self.bw_gbyte_s!r} GB/s; expected > 0")
         if not self.latency_us >= 0:
             raise UserError(f"link {self.name!r}: latency {self.latency_us!r} us; expected >= 0")
 
     @property
     def bytes_per_us(self) -> float:
-        return self.bw_gbps * 1e3
+        return self.bw_gbyte_s * 1e3
 
 
 # --------------------------------------------------------------------------- sources
@@ -141,24 +145,24 @@ LINKS: dict[str, Link] = {
     k.name: k
     for k in (
         # PCIe x16 per direction: gen3 8 GT/s -> 15.75 GB/s, gen4 16 GT/s -> 31.5, gen5 32 GT/s -> 63 (128b/130b)
-        Link(name="pcie3-x16", bw_gbps=15.75, latency_us=5.7, source=f"{_PCIE}; {_NCCL_LAT}"),
-        Link(name="pcie4-x16", bw_gbps=31.5, latency_us=5.7, source=f"{_PCIE}; {_NCCL_LAT}"),
-        Link(name="pcie5-x16", bw_gbps=63.0, latency_us=5.7, source=f"{_PCIE}; {_NCCL_LAT}"),
+        Link(name="pcie3-x16", bw_gbyte_s=15.75, latency_us=5.7, source=f"{_PCIE}; {_NCCL_LAT}"),
+        Link(name="pcie4-x16", bw_gbyte_s=31.5, latency_us=5.7, source=f"{_PCIE}; {_NCCL_LAT}"),
+        Link(name="pcie5-x16", bw_gbyte_s=63.0, latency_us=5.7, source=f"{_PCIE}; {_NCCL_LAT}"),
         # NVLink per GPU per direction: gen2 (V100) 300/2, gen3 (A100) 600/2, gen4 (H100/H200) 900/2 GB/s
-        Link(name="nvlink2", bw_gbps=150.0, latency_us=3.4, source=f"{_NVLINK}; {_NCCL_LAT}"),
-        Link(name="nvlink3", bw_gbps=300.0, latency_us=3.4, source=f"{_NVLINK}; {_NCCL_LAT}"),
-        Link(name="nvlink4", bw_gbps=450.0, latency_us=3.4, source=f"{_NVLINK}; {_NCCL_LAT}"),
+        Link(name="nvlink2", bw_gbyte_s=150.0, latency_us=3.4, source=f"{_NVLINK}; {_NCCL_LAT}"),
+        Link(name="nvlink3", bw_gbyte_s=300.0, latency_us=3.4, source=f"{_NVLINK}; {_NCCL_LAT}"),
+        Link(name="nvlink4", bw_gbyte_s=450.0, latency_us=3.4, source=f"{_NVLINK}; {_NCCL_LAT}"),
         # Ethernet line rates / 8 (GB/s)
-        Link(name="eth-1g", bw_gbps=0.125, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
-        Link(name="eth-10g", bw_gbps=1.25, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
-        Link(name="eth-25g", bw_gbps=3.125, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
-        Link(name="eth-100g", bw_gbps=12.5, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
-        Link(name="eth-200g", bw_gbps=25.0, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
-        Link(name="eth-400g", bw_gbps=50.0, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
+        Link(name="eth-1g", bw_gbyte_s=0.125, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
+        Link(name="eth-10g", bw_gbyte_s=1.25, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
+        Link(name="eth-25g", bw_gbyte_s=3.125, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
+        Link(name="eth-100g", bw_gbyte_s=12.5, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
+        Link(name="eth-200g", bw_gbyte_s=25.0, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
+        Link(name="eth-400g", bw_gbyte_s=50.0, latency_us=25.0, source=f"{_ETH}; {_TCP_LAT}"),
         # InfiniBand 4x: EDR 100 Gb/s, HDR 200 Gb/s, NDR 400 Gb/s
-        Link(name="ib-edr", bw_gbps=12.5, latency_us=9.6, source=f"{_IB}; {_NCCL_LAT}"),
-        Link(name="ib-hdr", bw_gbps=25.0, latency_us=9.6, source=f"{_IB}; {_NCCL_LAT}"),
-        Link(name="ib-ndr", bw_gbps=50.0, latency_us=9.6, source=f"{_IB}; {_NCCL_LAT}"),
+        Link(name="ib-edr", bw_gbyte_s=12.5, latency_us=9.6, source=f"{_IB}; {_NCCL_LAT}"),
+        Link(name="ib-hdr", bw_gbyte_s=25.0, latency_us=9.6, source=f"{_IB}; {_NCCL_LAT}"),
+        Link(name="ib-ndr", bw_gbyte_s=50.0, latency_us=9.6, source=f"{_IB}; {_NCCL_LAT}"),
     )
 }
 
@@ -195,7 +199,7 @@ def link(name: str) -> Link:
             raise UserError(f"link {name!r}: expected custom:<Gbit/s>[:<latency us>]") from None
         if len(parts) > 2:
             raise UserError(f"link {name!r}: expected custom:<Gbit/s>[:<latency us>]")
-        return Link(name=key, bw_gbps=gbit / 8, latency_us=lat, source="user-given")
+        return Link(name=key, bw_gbyte_s=gbit / 8, latency_us=lat, source="user-given")
     k = LINKS.get(key)
     if k is None:
         raise UserError(f"unknown link {name!r}; expected one of {', '.join(LINKS)} or custom:<Gbit/s>[:<us>]")

@@ -1,9 +1,15 @@
-"""Alpha-beta cost models of collectives, with the algorithms' step counts.
+"""The network cost model: one interface, the alpha-beta formulas of collectives with their step counts.
 
     >>> from trainsim.cluster.catalog import Link
-    >>> from trainsim.cluster.collectives import ring_allreduce_us
-    >>> ring_allreduce_us(1_000_000, 4, Link(name="x", bw_gbps=1.0, latency_us=10.0))
+    >>> from trainsim.cluster.collectives import AlphaBeta, ring_allreduce_us
+    >>> ring_allreduce_us(1_000_000, 4, Link(name="x", bw_gbyte_s=1.0, latency_us=10.0))
     1560.0
+    >>> AlphaBeta(Link(name="x", bw_gbyte_s=1.0, latency_us=10.0)).time_us("allgather", 1_000_000, 4)
+    780.0
+
+**One interface**, ``CollectiveCost.time_us(kind, size_bytes, group)``, implemented by ``AlphaBeta`` (these
+formulas over one link), ``calibration.Calibration`` (a link calibration) and ``testbed.machine``'s
+``MachineCalibration.cost`` (the test host). The planner (``plan.optime``) prices rings with ``ring_share``.
 
 Every model is ``steps * alpha + volume / bandwidth`` (Thakur, Rabenseifner & Gropp, "Optimization of
 Collective Communication Operations in MPICH", IJHPCA 2005; NCCL's tuning model uses the same form,
@@ -19,12 +25,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from trainsim.cluster.catalog import Link
 from trainsim.cluster.spec import ClusterSpec
 from trainsim.errors import UserError
+
+KINDS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "alltoall", "p2p")  # p2p: one send
+
+
+class CollectiveCost(Protocol):
+    """A network cost model (module docstring)."""
+
+    def time_us(self, kind: str, size_bytes: float, group: int) -> float:
+        """Time of one collective ``kind`` of ``size_bytes`` among ``group`` ranks, microseconds."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AlphaBeta:
+    """The alpha-beta model over one link type (``collective_us``)."""
+
+    link: Link
+
+    def time_us(self, kind: str, size_bytes: float, group: int) -> float:
+        return collective_us(kind, size_bytes, group, self.link)
 
 
 def _check(size_bytes: float, p: int) -> None:
@@ -39,13 +67,25 @@ def _log2(p: int) -> int:
 
 
 # --------------------------------------------------------------------------- ring family
+def ring_share(kind: str, p: int) -> float:
+    """Bytes each of ``p`` ranks sends per byte of ``size_bytes`` (NCCL's bus-bandwidth factor): a ring
+    all-reduce 2(p-1)/p (reduce-scatter then all-gather), a reduce-scatter, an all-gather or a pairwise
+    all-to-all (p-1)/p, a point-to-point send 1."""
+    if kind == "allreduce":
+        return 2.0 * (p - 1) / p
+    if kind == "p2p":
+        return 1.0
+    if kind not in ("reduce_scatter", "allgather", "alltoall"):
+        raise UserError(f"ring_share: {kind!r} is not a ring collective")
+    return (p - 1) / p
+
+
 def ring_allreduce_us(size_bytes: float, p: int, link: Link) -> float:
     """Ring: reduce-scatter then all-gather, 2(p-1) steps each moving size/p bytes."""
     _check(size_bytes, p)
     if p == 1:
         return 0.0
-    steps = 2 * (p - 1)
-    return steps * link.latency_us + steps * (size_bytes / p) / link.bytes_per_us
+    return 2 * (p - 1) * link.latency_us + ring_share("allreduce", p) * size_bytes / link.bytes_per_us
 
 
 def reduce_scatter_us(size_bytes: float, p: int, link: Link) -> float:
@@ -53,7 +93,7 @@ def reduce_scatter_us(size_bytes: float, p: int, link: Link) -> float:
     _check(size_bytes, p)
     if p == 1:
         return 0.0
-    return (p - 1) * (link.latency_us + (size_bytes / p) / link.bytes_per_us)
+    return (p - 1) * link.latency_us + ring_share("reduce_scatter", p) * size_bytes / link.bytes_per_us
 
 
 def allgather_us(size_bytes: float, p: int, link: Link) -> float:
@@ -64,6 +104,12 @@ def allgather_us(size_bytes: float, p: int, link: Link) -> float:
 def alltoall_us(size_bytes: float, p: int, link: Link) -> float:
     """Pairwise exchange: p-1 steps, each rank sends size/p bytes to one peer per step."""
     return reduce_scatter_us(size_bytes, p, link)
+
+
+def p2p_us(size_bytes: float, link: Link) -> float:
+    """One send of ``size_bytes`` to one peer: one latency, the bytes at the link's bandwidth."""
+    _check(size_bytes, 2)
+    return link.latency_us + size_bytes / link.bytes_per_us
 
 
 # --------------------------------------------------------------------------- tree family
@@ -118,16 +164,26 @@ def ps_pushpull_us(size_bytes: float, workers: int, servers: int, link: Link, *,
 
 
 # --------------------------------------------------------------------------- dispatch
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "alltoall")
+def bottleneck_link(spec: ClusterSpec, p: int) -> Link:
+    """The link the ``p`` ranks' exchanges cross: between nodes when they span several, else inside one."""
+    spec.check_ranks(p)
+    return spec.inter if math.ceil(p / spec.devices_per_node) > 1 else spec.intra
+
+
+def cluster_us(kind: str, size_bytes: float, spec: ClusterSpec, ranks: int | None = None) -> float:
+    """Time of one collective among ``ranks`` (default: all) of ``spec``; an all-reduce follows its topology."""
+    p = spec.world_size if ranks is None else ranks
+    if kind == "allreduce":
+        return allreduce_us(size_bytes, spec, p)
+    return collective_us(kind, size_bytes, p, bottleneck_link(spec, p))
 
 
 def allreduce_us(size_bytes: float, spec: ClusterSpec, ranks: int | None = None) -> float:
     """Gradient all-reduce time on ``spec`` with its topology (ring/tree over the bottleneck link)."""
     p = spec.world_size if ranks is None else ranks
-    spec.check_ranks(p)
+    bottleneck = bottleneck_link(spec, p)
     nodes = max(1, math.ceil(p / spec.devices_per_node))
     per_node = min(p, spec.devices_per_node)
-    bottleneck = spec.inter if nodes > 1 else spec.intra
     if spec.topology == "ring":
         return ring_allreduce_us(size_bytes, p, bottleneck)
     if spec.topology == "tree":
@@ -143,7 +199,9 @@ def allreduce_us(size_bytes: float, spec: ClusterSpec, ranks: int | None = None)
 
 
 def collective_us(kind: str, size_bytes: float, p: int, link: Link) -> float:
-    """Time of collective ``kind`` (one of ``COLLECTIVES``) over one link type."""
+    """Time of collective ``kind`` (one of ``KINDS``) over one link type."""
+    if kind == "p2p":
+        return p2p_us(size_bytes, link)
     fn = {
         "allreduce": ring_allreduce_us,
         "reduce_scatter": reduce_scatter_us,
@@ -152,7 +210,7 @@ def collective_us(kind: str, size_bytes: float, p: int, link: Link) -> float:
         "alltoall": alltoall_us,
     }.get(kind)
     if fn is None:
-        raise UserError(f"unknown collective {kind!r}; expected one of {', '.join(COLLECTIVES)}")
+        raise UserError(f"unknown collective {kind!r}; expected one of {', '.join(KINDS)}")
     return fn(size_bytes, p, link)
 
 

@@ -11,7 +11,7 @@ Or from a small file (``load_cluster("my.toml")``; YAML takes the same keys)::
     devices_per_node = 4
     device = "h100-sxm"
     intra_link = "nvlink4"
-    inter_link = { bw_gbps = 12.5, latency_us = 15 }   # or a catalog name: "eth-100g"
+    inter_link = { bw_gbyte_s = 12.5, latency_us = 15 }  # GB/s (bw_gbps, its old name, too); or "eth-100g"
     topology = "hierarchical"                             # ring | tree | hierarchical | ps
     ps_servers = 2                                        # ps only
     ps_colocated = true                                   # ps only: servers run on worker nodes
@@ -85,7 +85,7 @@ class ClusterSpec:
     def describe(self) -> str:
         return (
             f"{self.nodes}x{self.devices_per_node} {self.device.name}, intra {self.intra.name}"
-            f" ({self.intra.bw_gbps:g} GB/s), inter {self.inter.name} ({self.inter.bw_gbps:g} GB/s,"
+            f" ({self.intra.bw_gbyte_s:g} GB/s), inter {self.inter.name} ({self.inter.bw_gbyte_s:g} GB/s,"
             f" {self.inter.latency_us:g} us), {self.topology}"
         )
 
@@ -96,18 +96,18 @@ def _link_of(value: object, where: str) -> Link:
     if isinstance(value, str):
         return link(value)
     if isinstance(value, Mapping):
-        unknown = set(value) - {"name", "bw_gbps", "latency_us", "gbit", "source"}
+        unknown = set(value) - {"name", "bw_gbyte_s", "bw_gbps", "latency_us", "gbit", "source"}
         if unknown:
-            raise UserError(f"{where}: unknown link field(s) {sorted(unknown)}; expected bw_gbps, latency_us")
-        bw = value.get("bw_gbps", None)
+            raise UserError(f"{where}: unknown link field(s) {sorted(unknown)}; expected bw_gbyte_s, latency_us")
+        bw = value.get("bw_gbyte_s", value.get("bw_gbps", None))
         if bw is None and "gbit" in value:
             bw = float(value["gbit"]) / 8
         if bw is None:
-            raise UserError(f"{where}: a link needs bw_gbps (GB/s per direction) or gbit (Gbit/s)")
+            raise UserError(f"{where}: a link needs bw_gbyte_s (GB/s per direction) or gbit (Gbit/s)")
         try:
             return Link(
                 name=str(value.get("name", "custom")),
-                bw_gbps=float(bw),
+                bw_gbyte_s=float(bw),
                 latency_us=float(value.get("latency_us", 0.0)),
                 source=str(value.get("source", "user-given")),
             )
@@ -115,7 +115,7 @@ def _link_of(value: object, where: str) -> Link:
             if isinstance(exc, UserError):
                 raise UserError(f"{where}: {exc}") from None
             raise UserError(f"{where}: link values must be numbers, got {dict(value)}") from None
-    raise UserError(f"{where}: a link is a catalog name or a table with bw_gbps/latency_us, got {value!r}")
+    raise UserError(f"{where}: a link is a catalog name or a table with bw_gbyte_s/latency_us, got {value!r}")
 
 
 def cluster(

@@ -2,7 +2,7 @@
 
     >>> from trainsim.cluster.catalog import Link
     >>> from trainsim.cluster.topologies import Topology, sync_us
-    >>> link = Link(name="x", bw_gbps=1.0, latency_us=10.0)            # 1000 bytes per µs
+    >>> link = Link(name="x", bw_gbyte_s=1.0, latency_us=10.0)            # 1000 bytes per µs
     >>> sync_us(1_000_000, 4, link, Topology(kind="rolling_ps"))      # 6 rounds of 10 + 250
     1560.0
     >>> sync_us(1_000_000, 4, link, Topology(kind="gossip_ring", degree=2))  # 10 + 2 x 1000
@@ -47,6 +47,7 @@ from functools import lru_cache
 import numpy as np
 
 from trainsim.cluster.catalog import Link
+from trainsim.cluster.collectives import bottleneck_link
 from trainsim.cluster.spec import ClusterSpec
 from trainsim.errors import UserError
 
@@ -218,14 +219,6 @@ def sync_us(size_bytes: float, p: int, link: Link, topo: Topology) -> float:
     return _gossip(size_bytes, p, link, topo)
 
 
-def bottleneck_link(spec: ClusterSpec, ranks: int | None = None) -> Link:
-    """The link the workers' exchanges cross: between nodes when the ranks span several, else inside one
-    (as ``collectives.allreduce_us`` picks it)."""
-    p = spec.world_size if ranks is None else ranks
-    spec.check_ranks(p)
-    return spec.inter if math.ceil(p / spec.devices_per_node) > 1 else spec.intra
-
-
 def topology_sync_us(size_bytes: float, spec: ClusterSpec, topo: Topology, ranks: int | None = None) -> float:
     """``sync_us`` on ``spec``'s bottleneck link among ``ranks`` (default: the whole cluster)."""
     p = spec.world_size if ranks is None else ranks
@@ -242,5 +235,5 @@ def calibrated_link(*, p2p_line: tuple[float, float], rate_mbit: float | None, e
     us_per_byte = b + (8 / (rate_mbit * efficiency) if rate_mbit else 0.0)  # bits / (bits per µs)
     if not us_per_byte > 0:
         raise UserError(f"calibrated link: {us_per_byte!r} µs per byte; expected > 0")
-    return Link(name="calibrated", bw_gbps=1e-3 / us_per_byte, latency_us=max(0.0, a) + delay_ms * 1e3,
+    return Link(name="calibrated", bw_gbyte_s=1e-3 / us_per_byte, latency_us=max(0.0, a) + delay_ms * 1e3,
                 source="p2p calibration")  # fmt: skip

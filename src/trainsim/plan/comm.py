@@ -92,14 +92,14 @@ def sharded_bytes(*, params: float, shard: int, zero: int, reshard: bool = True)
     return ShardedBytes(full, full if reshard else 0.0, full, 0.0)
 
 
-def collective_s(moved_bytes: float, bw_gbps: float, eff: Efficiency, *, on_nvlink: bool, n: int) -> float:
+def collective_s(moved_bytes: float, bw_gbyte_s: float, eff: Efficiency, *, on_nvlink: bool, n: int) -> float:
     """Time of a ring all-gather or reduce-scatter in which each GPU moves ``moved_bytes``: bandwidth term,
     a fixed launch latency, and ``ring_hop_us`` for each of the ``n - 1`` ring steps (so a ring over
     thousands of ranks pays milliseconds however small its buffer)."""
     if moved_bytes <= 0 or n <= 1:
         return 0.0
     e = eff.nvlink if on_nvlink else eff.network
-    return moved_bytes / (bw_gbps * 1e9 * e) + (eff.comm_latency_us * 0.5 * math.log2(2 * n) + eff.ring_hop_us * (n - 1)) * 1e-6
+    return moved_bytes / (bw_gbyte_s * 1e9 * e) + (eff.comm_latency_us * 0.5 * math.log2(2 * n) + eff.ring_hop_us * (n - 1)) * 1e-6
 
 
 def overlapped_s(compute: np.ndarray, during: np.ndarray, *, first: float, last: float, overlap: float) -> float:
@@ -154,7 +154,7 @@ class CpTime(NamedTuple):
 
 
 def ring_attention_s(
-    kv_chunk_bytes: Seconds, attn_fwd_s: Seconds, cp: int, bw_gbps: float, eff: Efficiency, *, on_nvlink: bool,
+    kv_chunk_bytes: Seconds, attn_fwd_s: Seconds, cp: int, bw_gbyte_s: float, eff: Efficiency, *, on_nvlink: bool,
     attn_bwd_ratio: float = 2.5,
 ) -> CpTime:
     """Ring attention over ``cp`` ranks for one layer and micro-batch (scalars, or arrays over layers).
@@ -169,8 +169,8 @@ def ring_attention_s(
         return CpTime(0.0, 0.0, 0.0, 0)
     e = eff.nvlink if on_nvlink else eff.network
     lat = eff.comm_latency_us * 1e-6
-    send_f = np.asarray(kv_chunk_bytes) / (bw_gbps * 1e9 * e) + lat
-    send_b = 2 * np.asarray(kv_chunk_bytes) / (bw_gbps * 1e9 * e) + lat
+    send_f = np.asarray(kv_chunk_bytes) / (bw_gbyte_s * 1e9 * e) + lat
+    send_b = 2 * np.asarray(kv_chunk_bytes) / (bw_gbyte_s * 1e9 * e) + lat
     step_f = np.asarray(attn_fwd_s) / cp
     n = cp - 1
     fwd = n * np.maximum(0.0, send_f - eff.overlap * step_f)
@@ -178,13 +178,13 @@ def ring_attention_s(
     return CpTime(fwd, bwd, n * (send_f + send_b), n)
 
 
-def allgather_attention_s(kv_chunk_bytes: Seconds, cp: int, bw_gbps: float, eff: Efficiency, *, on_nvlink: bool) -> CpTime:
+def allgather_attention_s(kv_chunk_bytes: Seconds, cp: int, bw_gbyte_s: float, eff: Efficiency, *, on_nvlink: bool) -> CpTime:
     """All-gather K/V before attention, reduce-scatter dK/dV after it: both exposed."""
     if cp <= 1:
         return CpTime(0.0, 0.0, 0.0, 0)
     e = eff.nvlink if on_nvlink else eff.network
     lat = (eff.comm_latency_us * 0.5 * math.log2(2 * cp) + eff.ring_hop_us * (cp - 1)) * 1e-6
-    t = np.asarray(kv_chunk_bytes) * (cp - 1) / (bw_gbps * 1e9 * e) + lat
+    t = np.asarray(kv_chunk_bytes) * (cp - 1) / (bw_gbyte_s * 1e9 * e) + lat
     return CpTime(t, t, 2 * t, 1)
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from trainsim.cluster.collectives import ring_share
 from trainsim.errors import UserError
 from trainsim.plan.devices import Gpu
 from trainsim.plan.workload import LayerCost, Op, OpKind
@@ -198,24 +199,28 @@ def layer_time(layer: LayerCost, gpu: Gpu, eff: Efficiency, fp8: bool = False, a
 
 
 # =============================================================================== collectives
-def ring_allreduce_s(size_bytes: float, n: int, bw_gbps: float, eff: Efficiency, *, on_nvlink: bool) -> float:
+# The ring's bytes per rank are ``cluster.collectives.ring_share``'s; the bandwidth reached (``Efficiency``) and
+# the latency terms (``comm_latency_us`` on a log2 tree of rings) are the planner's own.
+def ring_allreduce_s(size_bytes: float, n: int, bw_gbyte_s: float, eff: Efficiency, *, on_nvlink: bool) -> float:
     """Ring all-reduce time: 2(n-1)/n * size / bus bandwidth + latency (NCCL's bus-bandwidth convention)."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
     e = eff.nvlink if on_nvlink else eff.network
-    return 2.0 * (n - 1) / n * size_bytes / (bw_gbps * 1e9 * e) + eff.comm_latency_us * 1e-6 * math.log2(2 * n)
+    wire = ring_share("allreduce", n) * size_bytes / (bw_gbyte_s * 1e9 * e)
+    return wire + eff.comm_latency_us * 1e-6 * math.log2(2 * n)
 
 
-def gather_s(size_bytes: float, n: int, bw_gbps: float, eff: Efficiency, *, on_nvlink: bool) -> float:
+def gather_s(size_bytes: float, n: int, bw_gbyte_s: float, eff: Efficiency, *, on_nvlink: bool) -> float:
     """All-gather or reduce-scatter of a ``size_bytes`` full buffer: half an all-reduce."""
-    return 0.5 * ring_allreduce_s(size_bytes, n, bw_gbps, eff, on_nvlink=on_nvlink)
+    return 0.5 * ring_allreduce_s(size_bytes, n, bw_gbyte_s, eff, on_nvlink=on_nvlink)
 
 
-def p2p_s(size_bytes: float, bw_gbps: float, eff: Efficiency, *, on_nvlink: bool) -> float:
+def p2p_s(size_bytes: float, bw_gbyte_s: float, eff: Efficiency, *, on_nvlink: bool) -> float:
+    """One send of ``size_bytes`` to one peer: the bytes at the bandwidth reached, plus the fixed latency."""
     if size_bytes <= 0:
         return 0.0
     e = eff.nvlink if on_nvlink else eff.network
-    return size_bytes / (bw_gbps * 1e9 * e) + eff.comm_latency_us * 1e-6
+    return ring_share("p2p", 2) * size_bytes / (bw_gbyte_s * 1e9 * e) + eff.comm_latency_us * 1e-6
 
 
 # =============================================================================== learned model

@@ -209,6 +209,10 @@ class MachineCalibration:
             t += size_bytes * 8 / (rate_mbit * self.efficiency(rate_mbit, size_bytes, delay_ms=delay_ms))
         return t
 
+    def cost(self, *, rate_mbit: float | None = None, delay_ms: float = 0.0) -> MachineCost:
+        """This host as a ``CollectiveCost``: links of ``rate_mbit`` (None: unshaped), ``delay_ms`` one way."""
+        return MachineCost(self, rate_mbit, delay_ms)
+
     def wire_cpu_us_per_byte(self, rate_mbit: float | None) -> float:
         """The computation lost per byte sent one way on a link shaped to ``rate_mbit`` (sender and
         receiver together): ``wire_us_per_byte`` interpolated in log rate, held beyond the measured
@@ -250,6 +254,25 @@ class MachineCalibration:
                 "corun_slowdown": self.corun_slowdown, "wire_rates_mbit": self.wire_rates_mbit,
                 "wire_us_per_byte": self.wire_us_per_byte, "fused_adam_sizes_bytes": self.fused_adam_sizes_bytes,
                 "fused_adam_gbps": self.fused_adam_gbps}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class MachineCost:
+    """``MachineCalibration.cost``: all-reduce, all-gather (``size_bytes`` its output) and send times."""
+
+    cal: MachineCalibration
+    rate_mbit: float | None
+    delay_ms: float
+
+    def time_us(self, kind: str, size_bytes: float, group: int) -> float:
+        r, d = self.rate_mbit, self.delay_ms
+        if kind == "allreduce":
+            return self.cal.allreduce_us(size_bytes, world=group, rate_mbit=r, delay_ms=d)
+        if kind == "allgather":
+            return self.cal.allgather_us(size_bytes / group, world=group, rate_mbit=r, delay_ms=d)
+        if kind == "p2p":
+            return self.cal.p2p_us(size_bytes, rate_mbit=r, delay_ms=d)
+        raise UserError(f"the machine calibration has no model of {kind!r}; expected allreduce, allgather or p2p")
 
 
 def identity() -> dict[str, Any]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainsim.cluster.catalog import Link
-from trainsim.cluster.collectives import allreduce_us, collective_us
+from trainsim.cluster.collectives import cluster_us, collective_us
 from trainsim.cluster.spec import ClusterSpec
 from trainsim.errors import UserError
 from trainsim.graph.ir import F64, I64, TaskGraph, TaskKind
@@ -54,16 +54,6 @@ def collective_kind(name: str) -> str:
         if rx.search(name):
             return kind
     return "allreduce"
-
-
-def model_us(kind: str, size_bytes: float, spec: ClusterSpec, ranks: int | None = None) -> float:
-    """Time of one collective on ``spec`` (all-reduce follows the spec's topology)."""
-    p = spec.world_size if ranks is None else ranks
-    spec.check_ranks(p)
-    if kind == "allreduce":
-        return allreduce_us(size_bytes, spec, p)
-    link: Link = spec.inter if p > spec.devices_per_node else spec.intra
-    return collective_us(kind, size_bytes, p, link)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +102,7 @@ def split_collectives(g: TaskGraph, *, old: ClusterSpec | None = None, ranks: in
     res = simulate(g)
     start, end = res.start_us[tasks], res.end_us[tasks]
     p = ranks if ranks is not None else (old.world_size if old is not None else 2)
-    unit = Link(name="unit", bw_gbps=1e-3, latency_us=0.0)  # 1 byte per µs: the model's time is its volume
+    unit = Link(name="unit", bw_gbyte_s=1e-3, latency_us=0.0)  # 1 byte per µs: the model's time is its volume
     kinds = [collective_kind(g.task_name(int(t))) for t in tasks]
     size = g.size_bytes[tasks].astype(np.float64)
     vol = np.array([collective_us(k, float(s), max(p, 2), unit) for k, s in zip(kinds, size, strict=True)])
@@ -136,7 +126,7 @@ def split_collectives(g: TaskGraph, *, old: ClusterSpec | None = None, ranks: in
     p_vol = np.bincount(period, weights=vol, minlength=n_periods)
     # ---- 2. the transfer time of each period
     if old is not None:
-        model = np.array([model_us(k, float(s), old, ranks) for k, s in zip(kinds, size, strict=True)])
+        model = np.array([cluster_us(k, float(s), old, ranks) for k, s in zip(kinds, size, strict=True)])
         p_xfer = np.bincount(period, weights=model, minlength=n_periods).astype(np.float64)
         rate = float(p_vol.sum() / p_xfer.sum()) if p_xfer.sum() > 0 else float("inf")
         method = "model"
@@ -192,19 +182,19 @@ def retime_collectives(
         size = float(g.size_bytes[t])
         if size < 0:
             assert old is not None
-            base = model_us(kind, 0.0, old, ranks)
-            per_byte = (model_us(kind, 1e6, old, ranks) - base) / 1e6
+            base = cluster_us(kind, 0.0, old, ranks)
+            per_byte = (cluster_us(kind, 1e6, old, ranks) - base) / 1e6
             size = max(0.0, (float(dur[t]) - base) / per_byte) if per_byte > 0 else 0.0
-            dur[t] = model_us(kind, size, new, ranks)
+            dur[t] = cluster_us(kind, size, new, ranks)
             continue
-        t_new = model_us(kind, size, new, ranks)
-        dur[t] = max(0.0, dur[t] + t_new - model_us(kind, size, old, ranks)) if old is not None else t_new
+        t_new = cluster_us(kind, size, new, ranks)
+        dur[t] = max(0.0, dur[t] + t_new - cluster_us(kind, size, old, ranks)) if old is not None else t_new
     if split is not None:
         assert old is not None
         for t, w, x in zip(split.tasks.tolist(), split.wait_us.tolist(), split.transfer_us.tolist(), strict=True):
             kind, size = collective_kind(g.task_name(t)), float(g.size_bytes[t])
-            t_old = model_us(kind, size, old, ranks)
-            dur[t] = w + (x * model_us(kind, size, new, ranks) / t_old if t_old > 0 else x)
+            t_old = cluster_us(kind, size, old, ranks)
+            dur[t] = w + (x * cluster_us(kind, size, new, ranks) / t_old if t_old > 0 else x)
     return g.with_columns(dur_us=dur)
 
 

@@ -1,9 +1,11 @@
 """Out-of-order backprop what-ifs: data-parallel reverse first-k, and weight gradients on a second stream.
 
     >>> from trainsim.capture.layerprofile import profile_layers
-    >>> from trainsim.transform.ooo import AllReduceCost, predict_dp, search_k
+    >>> from trainsim.cluster.catalog import link
+    >>> from trainsim.cluster.collectives import AlphaBeta
+    >>> from trainsim.transform.ooo import predict_dp, search_k
     >>> prof = profile_layers("mlp", batch_sizes=(32,))                            # doctest: +SKIP
-    >>> net = AllReduceCost(world_size=2, bw_gbps=1.0, latency_us=200)             # doctest: +SKIP
+    >>> net = AlphaBeta(link("custom:1:200"))                 # 1 Gbit/s, 200 us    # doctest: +SKIP
     >>> predict_dp(prof, 32, k=0, net=net), predict_dp(prof, 32, k=2, net=net)     # doctest: +SKIP
     >>> search_k(prof, 32, net)                                                    # doctest: +SKIP
 
@@ -38,53 +40,18 @@ from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskGraph, TaskKind
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
+    from trainsim.cluster.collectives import CollectiveCost
     from trainsim.simulate.engine import Replay
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AllReduceCost:
-    """Ring all-reduce time on ``world_size`` ranks over links of ``bw_gbps``."""
-
-    world_size: int = 2
-    bw_gbps: float = 1.0
-    """per-direction link bandwidth, Gbit/s"""
-    latency_us: float = 100.0
-    """per message step (one-way delay plus software), µs"""
-    efficiency: float = 1.0
-    """achieved fraction of ``bw_gbps`` (TCP/shaper overhead)"""
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1 or self.bw_gbps <= 0 or self.latency_us < 0 or not 0 < self.efficiency <= 1:
-            raise UserError(
-                f"all-reduce cost {self}: expected world_size >= 1, bw_gbps > 0, latency_us >= 0, "
-                "0 < efficiency <= 1"
-            )
-
-    def time_us(self, size_bytes: int) -> float:
-        n = self.world_size
-        if n == 1 or size_bytes <= 0:
-            return 0.0
-        # ring: 2(n-1) steps, each moving size/n bytes (reduce-scatter then all-gather)
-        wire = 2 * (n - 1) / n * size_bytes * 8 / (self.bw_gbps * self.efficiency * 1e3)
-        return wire + 2 * (n - 1) * self.latency_us
-
-
-AllReduceTime = AllReduceCost | Callable[[int], float]
-"""An all-reduce cost: the ring model, or any ``size_bytes -> µs`` (e.g. ``Calibration.predict_us``)."""
-
-
-def _cost(net: AllReduceTime) -> Callable[[int], float]:
-    return net.time_us if isinstance(net, AllReduceCost) else net
-
-
 def dp_graph(
-    prof: LayerProfile, batch_size: int, k: int, net: AllReduceTime, *, steps: int = 4, host: HostTerms | None = None
+    prof: LayerProfile, batch_size: int, k: int, net: CollectiveCost, *, world: int = 2, steps: int = 4,
+    host: HostTerms | None = None,
 ) -> TaskGraph:
-    """One rank of ``OooDataParallel(k)`` for ``steps`` steps (k = 0 is DDP with a bucket per layer).
-    ``host``: the rank's host as measured beside the run (``HostTerms``): its CPU tasks run
-    ``host.factor`` times slower, and each step's CPU tasks share ``host.extra_us`` more, in proportion
-    to their length."""
-    cost = _cost(net)
+    """One rank of ``OooDataParallel(k)`` among ``world`` for ``steps`` steps (k = 0 is DDP with a bucket per
+    layer); ``net`` prices the all-reduces. ``host``: the rank's host as measured beside the run
+    (``HostTerms``): its CPU tasks run ``host.factor`` times slower, and each step's CPU tasks share
+    ``host.extra_us`` more, in proportion to their length."""
     rows = prof.table(batch_size)
     n = len(rows)
     if not 0 <= k <= n:
@@ -95,75 +62,34 @@ def dp_graph(
     pending: dict[int, int] = {}  # layer -> all-reduce task of the previous step
     loss_us = prof.loss_us(batch_size)
 
+    def on_cpu(what: str, i: int, dur: float, step: int, deps: Sequence[int] = ()) -> int:
+        name = rows[i]["name"]
+        return b.task(f"{what}:{name}", TaskKind.CPU, cpu, dur, step=step, layer=name, deps=deps)
+
     def allreduce(i: int, step: int) -> None:
         size = int(rows[i]["param_bytes"])
         if size > 0:
-            pack = b.task(
-                f"pack:{rows[i]['name']}",
-                TaskKind.CPU,
-                cpu,
-                rows[i]["pack_us"],
-                step=step,
-                layer=rows[i]["name"],
-            )
-            pending[i] = b.task(
-                f"allreduce:{rows[i]['name']}",
-                TaskKind.COMM,
-                chan,
-                cost(size),
-                step=step,
-                layer=rows[i]["name"],
-                deps=[pack],
-                size_bytes=size,
-                group="dp",
-            )
+            pack = on_cpu("pack", i, rows[i]["pack_us"], step)
+            pending[i] = b.task(f"allreduce:{rows[i]['name']}", TaskKind.COMM, chan, net.time_us("allreduce", size, world),
+                                step=step, layer=rows[i]["name"], deps=[pack], size_bytes=size, group="dp")  # fmt: skip
 
     def update(i: int, step: int) -> None:
         if i in pending:
-            b.task(
-                f"update:{rows[i]['name']}",
-                TaskKind.CPU,
-                cpu,
-                rows[i]["unpack_us"] + rows[i]["opt_us"],
-                step=step,
-                layer=rows[i]["name"],
-                deps=[pending.pop(i)],
-            )
+            on_cpu("update", i, rows[i]["unpack_us"] + rows[i]["opt_us"], step, [pending.pop(i)])
 
     for step in range(steps):
         for i, r in enumerate(rows):
             update(i, step)  # deferred (i < k) updates from the previous step
-            b.task(f"F:{r['name']}", TaskKind.CPU, cpu, r["fwd_us"], step=step, layer=r["name"])
+            on_cpu("F", i, r["fwd_us"], step)
         b.task("loss", TaskKind.CPU, cpu, loss_us, step=step)
         for i in range(n - 1, -1, -1):
             if i >= k:  # fused B+W, as plain backprop
-                b.task(
-                    f"BW:{rows[i]['name']}",
-                    TaskKind.CPU,
-                    cpu,
-                    rows[i]["bwd_us"],
-                    step=step,
-                    layer=rows[i]["name"],
-                )
+                on_cpu("BW", i, rows[i]["bwd_us"], step)
                 allreduce(i, step)
             else:
-                b.task(
-                    f"B:{rows[i]['name']}",
-                    TaskKind.CPU,
-                    cpu,
-                    rows[i]["bwd_input_us"],
-                    step=step,
-                    layer=rows[i]["name"],
-                )
+                on_cpu("B", i, rows[i]["bwd_input_us"], step)
         for i in range(k):
-            b.task(
-                f"W:{rows[i]['name']}",
-                TaskKind.CPU,
-                cpu,
-                rows[i]["bwd_weight_us"],
-                step=step,
-                layer=rows[i]["name"],
-            )
+            on_cpu("W", i, rows[i]["bwd_weight_us"], step)
             allreduce(i, step)
         for i in range(k, n):
             update(i, step)
@@ -235,30 +161,33 @@ def predict_dp(
     prof: LayerProfile,
     batch_size: int,
     k: int,
-    net: AllReduceTime,
+    net: CollectiveCost,
     *,
+    world: int = 2,
     steps: int = 4,
     replay: Replay | None = None,
     host: HostTerms | None = None,
 ) -> float:
     """Predicted step time (ms) of reverse-first-k data parallelism (``replay``: see ``steady_step_ms``;
-    ``host``: see ``dp_graph``)."""
-    return steady_step_ms(dp_graph(prof, batch_size, k, net, steps=steps, host=host), replay)
+    ``world``, ``host``: see ``dp_graph``)."""
+    return steady_step_ms(dp_graph(prof, batch_size, k, net, world=world, steps=steps, host=host), replay)
 
 
 def search_k(
     prof: LayerProfile,
     batch_size: int,
-    net: AllReduceTime,
+    net: CollectiveCost,
     replay: Replay | None = None,
     host: HostTerms | Callable[[int], HostTerms] | None = None,
+    *,
+    world: int = 2,
 ) -> tuple[int, dict[int, float]]:
     """The k with the smallest predicted step time (ties: the smaller k), and every k's prediction.
     ``replay``: see ``steady_step_ms``; ``host``: the host's terms, the same for every k or per k (e.g.
     ``interpolated_terms``)."""
     n = len(prof.table(batch_size))
     pred = {
-        k: predict_dp(prof, batch_size, k, net, replay=replay, host=host(k) if callable(host) else host)
+        k: predict_dp(prof, batch_size, k, net, world=world, replay=replay, host=host(k) if callable(host) else host)
         for k in range(n + 1)
     }  # fmt: skip
     best = min(pred, key=lambda k: (round(pred[k], 6), k))

@@ -4,7 +4,8 @@
     >>> from trainsim.transform.pipeline import PipeSpec, predict_pipeline
     >>> prof = profile_layers("transformer", batch_sizes=(8,))                         # doctest: +SKIP
     >>> spec = PipeSpec(schedule="ZBVZeroBubble", stages_per_rank=2, microbatches=4)   # doctest: +SKIP
-    >>> predict_pipeline(prof, spec, batch_size=32, link=Link(bw_gbps=1.0)).step_ms    # doctest: +SKIP
+    >>> wire = link("custom:1:50")                          # cluster.catalog: 1 Gbit/s, 50 us   # doctest: +SKIP
+    >>> predict_pipeline(prof, spec, batch_size=32, link=P2PLink(wire=wire)).step_ms    # doctest: +SKIP
 
 One IR, one source of truth (STYLE item 1): the per-rank action lists are torch's ``_Action`` objects
 (printed ``2F0``, ``1SEND_B3`` ..., parsed back by ``_Action.from_str``). ``lowered_order`` asks
@@ -33,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trainsim.cluster.catalog import Link
+from trainsim.cluster.collectives import p2p_us
 from trainsim.errors import UserError
 from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskGraph, TaskKind
 
@@ -267,19 +270,17 @@ def choose_split(
 
 # ---------------------------------------------------------------------- graph
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Link:
-    """Point-to-point link between two ranks (one direction)."""
+class P2PLink:
+    """Point-to-point link between two ranks (one direction): the wire and the host's work per message."""
 
-    bw_gbps: float = 10.0
-    """bandwidth, Gbit/s"""
-    latency_us: float = 50.0
-    """per-message latency, µs (one-way delay plus software)"""
+    wire: Link
+    """bandwidth and per-message latency (one-way delay plus software)"""
     cpu_us: float = 0.0
     """host CPU per send or receive, µs: on CPU clusters (gloo) the rank's compute loses it"""
     cpu_us_per_byte: float = 0.0
 
     def transfer_us(self, size_bytes: int) -> float:
-        return self.latency_us + size_bytes * 8 / (self.bw_gbps * 1e3)
+        return p2p_us(size_bytes, self.wire)
 
     def host_cpu_us(self, size_bytes: int) -> float:
         return self.cpu_us + self.cpu_us_per_byte * size_bytes
@@ -326,24 +327,17 @@ def stage_costs(
             w.append(sum(rows[i]["bwd_weight_us"] for i in layers))
         o.append(sum(rows[i]["opt_us"] for i in layers))
         out.append(int(rows[layers[-1]]["out_bytes"]))
-    return StageCosts(
-        fwd_us=tuple(f),
-        bwd_us=tuple(bw),
-        bwd_input_us=tuple(b),
-        bwd_weight_us=tuple(w),
-        opt_us=tuple(o),
-        out_bytes=tuple(out),
-        action_overhead_us=overhead_us,
-    )
+    return StageCosts(fwd_us=tuple(f), bwd_us=tuple(bw), bwd_input_us=tuple(b), bwd_weight_us=tuple(w),
+                      opt_us=tuple(o), out_bytes=tuple(out), action_overhead_us=overhead_us)  # fmt: skip
 
 
-def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int = 3) -> TaskGraph:
+def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: P2PLink, *, steps: int = 3) -> TaskGraph:
     """One task per action of ``lowered_order(spec)`` on each rank's queue, ``steps`` times.
 
     Transfers run on a channel per (sender, receiver) pair and start when the SEND has been posted
-    and the matching RECV's ready notice has reached the sender, one ``link.latency_us`` after the
+    and the matching RECV's ready notice has reached the sender, one latency (``link.wire``) after the
     RECV was posted (gloo's point-to-point rendezvous for unbound buffers); a transfer occupies its channel
-    for its bytes and arrives ``link.latency_us`` later (the latencies of messages in flight overlap);
+    for its bytes and arrives one latency later (the latencies of messages in flight overlap);
     a compute action waits for the transfer it consumes. Each step ends with the rank's optimizer update.
     """
     order = lowered_order(spec)
@@ -351,7 +345,7 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
     b = GraphBuilder(f"pipeline:{spec.schedule}")
     cpu = {r: b.resource(f"rank{r}:cpu", ResourceKind.CPU_THREAD) for r in order}
     chan: dict[tuple[int, int], int] = {}
-    ov = costs.action_overhead_us
+    ov, lat = costs.action_overhead_us, link.wire.latency_us
     prev_opt: dict[int, int] = {}
     for step in range(steps):
         done: dict[tuple[int, str, int], int] = {}  # (stage, kind F/B/I/W, mb) -> task
@@ -387,22 +381,14 @@ def pipeline_graph(spec: PipeSpec, costs: StageCosts, link: Link, *, steps: int 
             size = costs.out_bytes[src_stage] if d == "F" else costs.out_bytes[dst]
             # the bytes occupy the channel; the latency does not (messages in flight overlap theirs):
             # it is a delay on a resource of its own
-            wire = b.task(
-                f"p2p_{d}{mb}",
-                TaskKind.COMM,
-                chan[pair],
-                link.transfer_us(size) - link.latency_us,
-                step=step,
-                layer=f"stage{src_stage}",
-                deps=[s_task],
-                size_bytes=size,
-            )
+            wire = b.task(f"p2p_{d}{mb}", TaskKind.COMM, chan[pair], link.transfer_us(size) - lat, step=step,
+                          layer=f"stage{src_stage}", deps=[s_task], size_bytes=size)  # fmt: skip
             if key in posted:
                 # gloo sends an unbound buffer only once the receiver's "ready" notice has crossed the
                 # link: the bytes leave at max(SEND posted, RECV posted + one latency)
-                b.edge(posted[key], wire, lag_us=link.latency_us)
+                b.edge(posted[key], wire, lag_us=lat)
             delay = b.resource(f"latency{src_stage}->{dst}:{d}{mb}:step{step}", ResourceKind.COMM_CHANNEL)
-            xfer[key] = b.task(f"p2p_{d}{mb}:latency", TaskKind.COMM, delay, link.latency_us, step=step, deps=[wire])
+            xfer[key] = b.task(f"p2p_{d}{mb}:latency", TaskKind.COMM, delay, lat, step=step, deps=[wire])
         # Pass 2: data dependencies of compute actions.
         for _r, a, t in tasks:
             for sub in a.sub_actions or (a,):
@@ -442,7 +428,7 @@ def _dep(b: GraphBuilder, src: int | None, dst: int) -> None:
 
 
 def _action_task(
-    b: GraphBuilder, a: Any, costs: StageCosts, res: int, step: int, ov: float, link: Link
+    b: GraphBuilder, a: Any, costs: StageCosts, res: int, step: int, ov: float, link: P2PLink
 ) -> int:
     subs = a.sub_actions or (a,)
     dur = 0.0
@@ -461,14 +447,7 @@ def _action_task(
         elif k == "W":
             dur += costs.bwd_weight_us[s] + ov
     tk = TaskKind.CPU if dur > 0 else TaskKind.RUNTIME
-    return b.task(
-        str(a),
-        tk,
-        res,
-        max(dur, 0.0),
-        step=step,
-        layer=f"stage{a.stage_index}" if a.stage_index >= 0 else None,
-    )
+    return b.task(str(a), tk, res, max(dur, 0.0), step=step, layer=f"stage{a.stage_index}" if a.stage_index >= 0 else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,7 +463,7 @@ def predict_pipeline(
     spec: PipeSpec,
     *,
     batch_size: int,
-    link: Link,
+    link: P2PLink,
     split: Sequence[int] | None = None,
     overhead_us: float = 0.0,
     steps: int = 4,

@@ -29,11 +29,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from trainsim.cluster.collectives import cluster_us
 from trainsim.cluster.spec import ClusterSpec
 from trainsim.cluster.topologies import Topology, topology_sync_us
 from trainsim.errors import UserError
 from trainsim.graph.ir import TaskGraph, TaskKind
-from trainsim.transform.network import collective_kind, model_us
+from trainsim.transform.network import collective_kind
 
 
 def topology_comm_us(spec: ClusterSpec, topo: Topology, ranks: int | None = None) -> Callable[[int], float]:
@@ -71,5 +72,5 @@ def retime_topology(
     for t in tasks.tolist():
         size = float(g.size_bytes[t])
         t_new = topology_sync_us(size, new, topo, p)
-        dur[t] = max(0.0, dur[t] + t_new - model_us("allreduce", size, old, p)) if old is not None else t_new
+        dur[t] = max(0.0, dur[t] + t_new - cluster_us("allreduce", size, old, p)) if old is not None else t_new
     return g.with_columns(dur_us=dur)

@@ -156,15 +156,13 @@ def predict_case(case: OooCase, prof: LayerProfile, mc: MachineCalibration) -> l
     from trainsim.testbed.contention import simulate_contended
     from trainsim.transform.ooo import HostTerms, predict_dp, search_k
 
-    def comm(size: float) -> float:
-        return mc.allreduce_us(size, world=RANKS, rate_mbit=case.rate_mbit, delay_ms=case.delay_ms)
-
+    comm = mc.cost(rate_mbit=case.rate_mbit, delay_ms=case.delay_ms)
     host = HostTerms(factor=mc.slowdown(RANKS))
     # the all-reduces' host CPU (loopback line + the shaped link's cost per byte), taken from compute
     replay = partial(simulate_contended, cpu_us=mc.host_us, wire_cpu_us=partial(_wire_cpu, mc, case.rate_mbit))
     bs = case.batch_size
     if case.k is None:
-        k, _ = search_k(prof, bs, comm, replay, host)
+        k, _ = search_k(prof, bs, comm, replay, host, world=RANKS)
     else:
         from trainsim.run.ooo_dp import check_k
 
@@ -172,7 +170,7 @@ def predict_case(case: OooCase, prof: LayerProfile, mc: MachineCalibration) -> l
         k = case.k
     terms = {"corun_slowdown": round(host.factor, 4), "host_a_us": mc.host_a_us, "link_efficiency": mc.link_efficiency}
     return [
-        {"k": kk, "predicted_ms": round(predict_dp(prof, bs, kk, comm, replay=replay, host=host), 3),
+        {"k": kk, "predicted_ms": round(predict_dp(prof, bs, kk, comm, world=RANKS, replay=replay, host=host), 3),
          "k_chosen_by": "given" if case.k is not None else "search", "model_terms": terms}
         for kk in sorted({0, k})
     ]  # fmt: skip

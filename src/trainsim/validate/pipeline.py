@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from trainsim.graph.ir import TaskGraph
     from trainsim.simulate.engine import SimResult
     from trainsim.testbed.machine import MachineCalibration
-    from trainsim.transform.pipeline import Link
+    from trainsim.transform.pipeline import P2PLink
 
 SCHEDULE_SET: tuple[tuple[str, int], ...] = (
     ("GPipe", 1),
@@ -133,17 +133,19 @@ def draw_case(seed: int, quick: bool) -> PipeCase:
 
 
 # --------------------------------------------------------------------------- prediction
-def pipe_link(mc: MachineCalibration, rate_mbit: float | None, delay_ms: float) -> Link:
+def pipe_link(mc: MachineCalibration, rate_mbit: float | None, delay_ms: float) -> P2PLink:
     """A point-to-point link from the machine calibration alone (module docstring, step 2): per message
     the one-way send line's host work and, on a shaped link, the computation lost per byte sent
     (``MachineCalibration.wire_cpu_us_per_byte``), half on each end's thread; latency and bytes on the wire."""
-    from trainsim.transform.pipeline import Link
+    from trainsim.cluster.catalog import Link
+    from trainsim.transform.pipeline import P2PLink
 
     a, b = mc.p2p_line
     us_per_byte = 8 / (rate_mbit * mc.efficiency(rate_mbit, delay_ms=delay_ms)) if rate_mbit else 0.0
-    bw_gbps = 8 / (us_per_byte * 1e3) if us_per_byte > 0 else 1e6  # unshaped: the host's work is the cost
-    wire = mc.wire_cpu_us_per_byte(rate_mbit)
-    return Link(bw_gbps=bw_gbps, latency_us=delay_ms * 1e3, cpu_us=a / 2, cpu_us_per_byte=(b + wire) / 2)
+    bw = 1 / (us_per_byte * 1e3) if us_per_byte > 0 else 1e6 / 8  # GB/s; unshaped: the host's work is the cost
+    wire = Link(name="machine-calibration", bw_gbyte_s=bw, latency_us=delay_ms * 1e3, source="testbed.machine")
+    lost = mc.wire_cpu_us_per_byte(rate_mbit)
+    return P2PLink(wire=wire, cpu_us=a / 2, cpu_us_per_byte=(b + lost) / 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +187,7 @@ def predict_config(case: PipeCase, cp: CaseProfile, mc: MachineCalibration, name
                             replay=replay)  # fmt: skip
     return {"predicted_ms": round(pred.step_ms, 3), "split": [len(s) for s in pred.split],
             "model_terms": {"action_overhead_us": round(cp.action_overhead_us[m], 1), "corun_slowdown": round(corun, 4),
-                            "link": {"bw_gbps": round(link.bw_gbps, 4), "latency_us": link.latency_us,
+                            "link": {"bw_gbit_s": round(link.wire.bw_gbyte_s * 8, 4), "latency_us": link.wire.latency_us,
                                      "cpu_us": round(link.cpu_us, 1), "cpu_us_per_byte": link.cpu_us_per_byte}}}  # fmt: skip
 
 
