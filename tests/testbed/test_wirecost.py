@@ -68,9 +68,8 @@ def test_the_wire_pass_runs_on_two_ranks() -> None:
     """The pass itself, on loopback with a short window: one finite figure per size."""
     import math
 
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
 
-    out = launch(2, ["-m", "trainsim.testbed.wirecost", "--worker", "65536,1048576", "0.1"], net=None, timeout_s=120)
-    doc = json.loads(out[0].strip().splitlines()[-1])
+    doc = run_json(2, "trainsim.testbed.wirecost", {"sizes": [65536, 1 << 20], "window_s": 0.1}, net=None, timeout_s=120)[0]
     assert doc["sizes"] == [65536, 1 << 20] and len(doc["lost_us"]) == 2
     assert all(math.isfinite(x) for x in doc["lost_us"])

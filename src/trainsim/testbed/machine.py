@@ -424,14 +424,14 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
 def _wire_lost_us(rate_mbit: float) -> list[float]:
     """One launch of the wire pass (``testbed.wirecost``) on two namespaces joined by a link shaped to
     ``rate_mbit``: per size of ``WIRE_SIZES``, the computation one send took (µs, mean of the ranks)."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns
     from trainsim.testbed.wirecost import WINDOW_S, WIRE_SIZES
 
-    args = ["-m", "trainsim.testbed.wirecost", "--worker", ",".join(map(str, WIRE_SIZES)), str(WINDOW_S)]
     with Netns(2, rate_mbit=rate_mbit) as net:
-        out = launch(2, args, net=net, timeout_s=300)
-    return [float(x) for x in json.loads(out[0].strip().splitlines()[-1])["lost_us"]]
+        res = run_json(2, "trainsim.testbed.wirecost", {"sizes": list(WIRE_SIZES), "window_s": WINDOW_S}, net=net,
+                       timeout_s=300)[0]  # fmt: skip
+    return [float(x) for x in res["lost_us"]]
 
 
 def _line(x: Any, y: Any) -> tuple[float, float]:

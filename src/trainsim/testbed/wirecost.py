@@ -1,6 +1,7 @@
 """What moving bytes over a shaped link costs the computation of ranks that share this host's cores.
 
-    $ RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m trainsim.testbed.wirecost --worker 65536,1048576 1.0
+    $ RANK=0 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... python -m trainsim.testbed.wirecost \\
+      --config '{"sizes": [65536, 1048576], "window_s": 1.0}'
     >>> lost_per_byte([65536, 1 << 20], [700.0, 20000.0])   # doctest: +ELLIPSIS
     0.0392...
 
@@ -26,8 +27,6 @@ Mbit/s, where one lasts four times as long), so the calibration keeps one figure
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
 from typing import Any
@@ -115,22 +114,23 @@ def send_pass(sizes: list[int], window_s: float = WINDOW_S) -> list[float]:
     return out
 
 
-def _worker(sizes: list[int], window_s: float) -> None:
+def _worker(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    """One rank (``rank_main``'s body): the process group from torchrun's variables."""
     import torch
     import torch.distributed as dist
 
+    from trainsim.run.ranks import write_result
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    lost = send_pass(sizes, window_s)
+    sizes = [int(s) for s in cfg["sizes"]]
+    lost = send_pass(sizes, float(cfg["window_s"]))
     if dist.get_rank() == 0:
-        print(json.dumps({"sizes": sizes, "lost_us": lost}), flush=True)
+        write_result(out, {"sizes": sizes, "lost_us": lost})
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        _worker([int(s) for s in sys.argv[2].split(",")], float(sys.argv[3]))
-    else:
-        print("usage: python -m trainsim.testbed.wirecost --worker SIZES WINDOW_S (started by `trainsim validate "
-              "calibrate`)")  # fmt: skip
-        sys.exit(2)
+    from trainsim.run.ranks import rank_main
+
+    rank_main(_worker, "one rank of the machine calibration's wire pass (started by trainsim validate calibrate)")
