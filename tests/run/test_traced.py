@@ -120,3 +120,37 @@ def test_a_worker_reuses_freed_memory_instead_of_faulting_it_in_every_step() -> 
     assert said == "glibc: mmap off, no trim" and kept < 10
     said, default = faults("default")
     assert said == "default" and default >= 10 * 20  # the cost the worker no longer pays in every step
+
+
+_GROWTH = """
+import resource, sys
+from trainsim.run.traced import keep_freed_memory, prefault_heap
+keep_freed_memory()
+done = prefault_heap(64 << 20) if sys.argv[1] == "pad" else False
+import ctypes, ctypes.util
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+kept = [libc.malloc(1 << 20) for _ in range(32)]  # the heap grows by 32 MiB
+for p in kept:
+    ctypes.memset(p, 2, 1 << 20)
+print(done, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc (Linux)")
+def test_a_prefaulted_heap_grows_without_page_faults() -> None:
+    """32 MiB of new heap blocks fault in 8,192 pages of 4 KiB (16 huge pages); after prefault_heap(64 MiB)
+    they are memory already faulted in: none."""
+    import subprocess
+    import sys
+
+    def faults(mode: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _GROWTH, mode], capture_output=True, text=True, check=True)
+        done, n = out.stdout.rsplit(maxsplit=1)
+        return done, int(n)
+
+    done, padded = faults("pad")
+    assert done == "True" and padded < 16
+    done, plain = faults("plain")
+    assert done == "False" and plain >= 16

@@ -206,6 +206,7 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
         i += 1
         marks.append(time.perf_counter())
     step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)]
+    prefault_heap()  # the profiled steps then take no page faults that the timed ones did not
     out = Path(wcfg.out)
     raw = out / f"rank{rank}.tmp.json"
     with profile(
@@ -233,6 +234,36 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 """``mallopt`` parameters (glibc's malloc.h)"""
+
+HEAP_PAD_BYTES = 512 << 20
+"""``prefault_heap``'s default: several times the heap growth seen over a run's profiled steps (~20 MiB per
+step for the w1024 MLP with Adam's loop)"""
+
+
+def prefault_heap(nbytes: int = HEAP_PAD_BYTES) -> bool:
+    """Grow malloc's heap by ``nbytes``, write every page of it and free it, so that the heap's free top
+    is memory already faulted in (``keep_freed_memory`` never trims it). Returns whether it was done.
+
+    Why: under the profiler, the blocks a step frees can be split by the profiler's own small allocations,
+    so the next step's tensors come from new heap memory, faulted in page by page. On this test bed
+    (2026-11-29, docs/log/whatif.md) 3 of 8 processes of the w1024 MLP with Adam's loop took 3,000-5,000
+    faults per profiled step, their optimizer 2-2.5x slower than in the timed steps (0 faults); with the
+    heap's top faulted in first, 10 of 10 took none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError, TypeError):
+        return False
+    block = libc.malloc(ctypes.c_size_t(nbytes))
+    if not block:
+        return False
+    ctypes.memset(block, 1, nbytes)
+    libc.free(block)
+    return True
 
 
 def keep_freed_memory() -> str:
