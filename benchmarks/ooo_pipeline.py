@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ooo_common import record_validations, run_validations
+from validate_common import record_validations, run_validations
 
 
 def main() -> int:

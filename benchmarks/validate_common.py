@@ -6,12 +6,15 @@
 The validation's own result document (``trainsim.validate.protocol``: frozen predictions, measured
 passes, spreads) is written to ``docs/benchmarks/<raw>`` with the benchmark's command, the machine, the
 date and the git revision added; its headline (one row per configuration) becomes the record
-``docs/benchmarks/<area>.<name>.json`` (``results.record``).
+``docs/benchmarks/<area>.<name>.json`` (``results.record``). ``run_validations`` and
+``record_validations`` do the same for several runs of one command in a row (the ooo_* and whatif
+benchmarks: one headline row per run).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -19,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from results import DIR, ROOT, command_line, git_rev, machine, record
+from results import DIR, ROOT, command_line, git_rev, machine, machine_detail, record
 
 
 def run_validation_cli(args: list[str], result: str | None) -> dict[str, Any]:
@@ -65,3 +68,44 @@ def write_result(doc: dict[str, Any], raw: str, *, area: str, name: str, title: 
                                      "outside", "ranking") if k in doc})  # fmt: skip
     print("\n".join(summary))
     return path
+
+
+# --------------------------------------------------------------------------- several runs in a row
+def run_validations(subcommand: str, extra: list[str], runs: int, seed: int | None) -> list[dict[str, Any]]:
+    """``trainsim validate <subcommand> <extra>`` ``runs`` times in a row (seeds ``seed``, ``seed + 1`` ...,
+    or fresh ones); the documents, each with its wall time (``run_validation_cli``)."""
+    docs = []
+    for i in range(runs):
+        args = [subcommand, *extra, *(["--seed", str(seed + i)] if seed is not None else [])]
+        print("$ trainsim validate " + " ".join(shlex.quote(c) for c in args), file=sys.stderr)
+        docs.append(run_validation_cli(args, None))
+    return docs
+
+
+def headline_rows(docs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """One headline row per validation: the protocol's figures (``protocol.summary``)."""
+    cols = ["run", "seed", "configurations (drawn)", "mean |error| %", "worst |error| %", "within 10 %",
+            "within own spread", "outside both", "ranking pairs checked", "misranked", "wall s"]  # fmt: skip
+    rows = []
+    for i, d in enumerate(docs):
+        rk = d["ranking"]
+        rows.append([i + 1, d["seed"], f"{d['measured']} ({sum(r['held_out'] for r in d['runs'])})",
+                     d["mean_abs_error_pct"], d["max_abs_error_pct"], d["within_10pct"], d["within_spread"],
+                     d["outside"], rk["pairs_checked"], len(rk["misranked"]), d["wall_s"]])  # fmt: skip
+    return {"columns": cols, "rows": rows}
+
+
+def record_validations(name: str, title: str, docs: list[dict[str, Any]], summary: list[str]) -> None:
+    """Write ``docs/benchmarks/<name>.json`` (the result documents with the command, machine, date and
+    git revision) and the record ``docs/benchmarks/ooo.<name without ooo_>.json``."""
+    raw = {"command": command_line(), "machine": machine(), "machine_detail": machine_detail(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git_rev": git_rev(),
+           "validations": docs}  # fmt: skip
+    (DIR / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    record("ooo", name.removeprefix("ooo_"), command=raw["command"], title=title, headline=headline_rows(docs),
+           summary=summary, raw=[f"{name}.json"], data={"per_run": [_per_run(d) for d in docs]})  # fmt: skip
+
+
+def _per_run(doc: dict[str, Any]) -> list[list[Any]]:
+    return [[r["label"], r["held_out"], r["predicted_ms"], r["measured_ms"], r["spread_pct"], r["error_pct"],
+             r["within"]] for r in doc["runs"]]  # fmt: skip

@@ -63,8 +63,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="validate whatif --quick")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from ooo_common import run_validations
     from results import record_report
+    from validate_common import run_validations
 
     docs = run_validations("whatif", ["--quick"] * args.quick, args.runs, args.seed)
     (DOCS / "whatif_pairs.json").write_text(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1) + "\n")
