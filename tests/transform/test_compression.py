@@ -155,14 +155,30 @@ def test_a_third_collective_waits_for_one_of_gloo_s_two_threads() -> None:
     assert simulate(one).step_ms[0] * 1e3 == pytest.approx(41 + 2 * 401.024 + 2 * 465.544 + 5 + 5)
 
 
-def test_ps_scheme_keeps_one_queue_with_lanes() -> None:
-    """PS and ring synchronise inside the hook, blocking it: ``lanes`` leaves them as they are."""
+def test_ps_transfers_run_beside_the_bucket_s_plain_all_reduce() -> None:
+    """PS, one partition, the point-to-point line (100 us, 0.001 us/byte): gather and broadcast 165.536 us
+    each; the pipeline: encode 10, gather, the owner's sum and re-encode 20, broadcast, decode 5: 366.072
+    us, of which 35 codec (half before, half after the transfer, on the main thread) and 331.072 transfer.
+    gloo: all-reduce b 41-442.024; codec 41-58.5; the PS transfer, issued at 58.5, joins the all-reduce's
+    chain with its 65,536 wire bytes (65.536 us): ends at 507.56; codec 507.56-525.06, backward a and its
+    AccumulateGrad to 546.06; all-reduce a 546.06-947.084 (a new chain); codec 546.06-563.56; transfer a
+    ends at 1012.62; codec to 1030.12, the optimizer 1035.12. One queue: 1566.192. The ring scheme keeps
+    its one queue."""
     g, params, layers, shapes = _with_biases()
     cfg = CompressConfig(algorithm="onebit", scheme="ps")
-    one = compression(g, params, layers, shapes, cfg, _cost(), LINK, allreduce_time=_ar)
-    two = compression(g, params, layers, shapes, dataclasses.replace(cfg, lanes=2), _cost(), LINK, allreduce_time=_ar)
-    assert simulate(two).step_ms == pytest.approx(simulate(one).step_ms)
-    assert two.dur_us == pytest.approx(one.dur_us)
+    line = (100.0, 0.001)
+    one = compression(g, params, layers, shapes, cfg, _cost(), LINK, allreduce_time=_ar, p2p=line)
+    assert simulate(one).step_ms[0] * 1e3 == pytest.approx(1566.192)
+    two = compression(g, params, layers, shapes, dataclasses.replace(cfg, lanes=2), _cost(), LINK, allreduce_time=_ar,
+                      p2p=line)  # fmt: skip
+    res = simulate(two)
+    assert res.step_ms[0] * 1e3 == pytest.approx(1035.12)
+    xfer = [t for t in np.flatnonzero(two.step == 0) if two.task_name(int(t)).startswith("casync-ps:")]
+    assert sorted(res.end_us[xfer]) == pytest.approx([507.56, 1012.62])
+    ring = CompressConfig(algorithm="onebit", scheme="ring")
+    a = compression(g, params, layers, shapes, ring, _cost(), LINK, allreduce_time=_ar)
+    b = compression(g, params, layers, shapes, dataclasses.replace(ring, lanes=2), _cost(), LINK, allreduce_time=_ar)
+    assert b.dur_us == pytest.approx(a.dur_us)
 
 
 def test_summable_codec_all_reduces_once_and_decodes_once() -> None:

@@ -23,7 +23,8 @@ tasks that ``trainsim.run.hooks.compress_hook`` really runs (see that module's n
 Where the process group runs collectives at once (``CompressConfig.lanes`` > 1: gloo's two worker
 threads), the transfers of steps 1 and 3 and those of the next buckets overlap as they do there, the
 all-gather (the hook's point-to-point exchange) on no worker thread: each takes its share of their
-chain (``dataparallel.chained_bucket_us`` with per-transfer costs), from when the graph issues it.
+chain (``dataparallel.chained_bucket_us`` with per-transfer costs), from when the graph issues it;
+so do the PS scheme's gathers and broadcasts (collectives, beside the bucket's plain all-reduce).
 
 PowerSGD: P = MQ on the main thread, a blocking all-reduce of [P, uncompressed], Q = M^T P, then an
 all-reduce of Q and the P Q^T decode. The PS and ring schemes (``scheme="ps" | "ring"``) run inside the
@@ -87,7 +88,7 @@ class CompressConfig:
     lanes: int = 1
     """collectives the process group runs at once (``dataparallel.BACKEND_LANES``): 1 as on NCCL, every
     transfer after the one before; gloo's runs 2, and its point-to-point all-gather (the hook's
-    ``gather="exchange"``) runs beside them. Scheme ``allgather`` only: PS and ring keep one queue"""
+    ``gather="exchange"``) runs beside them; so do PS's gathers and broadcasts. The ring scheme keeps one queue"""
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -300,6 +301,12 @@ def compression(
     def ag_chain(per_rank: float) -> tuple[Callable[[float], float], float, bool]:
         return (lambda w: ag_us(w / (p - 1))), (p - 1) * per_rank, False  # point-to-point: no worker thread
 
+    def ps_chain(xfer: float, wire: float) -> tuple[Callable[[float], float], float, bool]:
+        # the PS scheme's gathers and broadcasts (gloo collectives): its time alone, and beside the others
+        # its wire at the link's rate
+        per_byte = p2p[1] if p2p is not None else 1.0 / link.bytes_per_us
+        return (lambda w: xfer + (w - wire) * per_byte), wire, True
+
     anchors = step_anchors(g, layers)
     main_res = g.resources[int(g.resource[anchors[0].first])].name
     buckets = ddp_buckets([q.size_bytes for q in params], cap_bytes=int(cfg.bucket_cap_mb * 1024 * 1024))
@@ -343,7 +350,8 @@ def compression(
                 # the sync is done: its next task in queue order is the second half of the codec work
                 t_a = rows.main(f"casync-{cfg.scheme}-codec:bucket{b}", comp_us / 2, **start)
                 size = sum(cost.wire_bytes(q.numel) for q, _ in comp_items)
-                t_x = rows.comm(f"casync-{cfg.scheme}:bucket{b}", xfer_us, size, after=[t_a])
+                t_x = rows.comm(f"casync-{cfg.scheme}:bucket{b}", xfer_us, size, after=[t_a],
+                                chain=ps_chain(xfer_us, size) if cfg.scheme == "ps" else None)  # fmt: skip
                 rows.main(f"casync-{cfg.scheme}-codec:bucket{b}.2", comp_us / 2, after=[t_x], waits=opt_wait)
                 continue
             enc = sum(cost.enc_us(q.numel) for q, _ in comp_items)
@@ -374,7 +382,7 @@ def compression(
             out = with_host_overhead(out, anchors, cfg.host_overhead_us, finalize_us=cfg.finalize_us)
         return out, ids  # ``with_host_overhead`` appends: the new rows keep their ids
 
-    if cfg.lanes > 1 and cfg.scheme == "allgather":
+    if cfg.lanes > 1 and cfg.scheme != "ring":
         _chain_transfers(rows, build, cfg.lanes)
     return build()[0]
 
