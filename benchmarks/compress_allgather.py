@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -76,12 +75,11 @@ def worker(cfg: dict[str, Any], rank: int, master: str, port: int, out_to: str) 
 
 
 def training_ms(net: Any, method: str, steps: int) -> float:
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
 
     wcfg = {"model": "mlp", "algorithm": "onebit", "options": {}, "scheme": "allgather", "steps": steps,
             "warmup": 2, "gather": method}  # fmt: skip
-    out = launch(2, ["-m", "trainsim.validate.compress", json.dumps(wcfg)], net=net, timeout_s=600)
-    return float(statistics.median(json.loads(out[0].strip().splitlines()[-1])["step_ms"]))
+    return float(statistics.median(run_json(2, "trainsim.validate.compress", wcfg, net=net, timeout_s=600)[0]["step_ms"]))
 
 
 def main() -> int:

@@ -52,7 +52,7 @@ def _cost(summable: bool = False) -> CodecCost:
 
 
 # wire per gradient: 65,536 + 8 (marker) bytes; all-gather of 2x that over 2 ranks moves 65,544 bytes: 1000 us
-LINK = Link(name="test", bw_gbps=0.065544, latency_us=0.0)
+LINK = Link(name="test", bw_gbyte_s=0.065544, latency_us=0.0)
 
 
 def test_allgather_timeline_by_hand() -> None:

@@ -149,11 +149,11 @@ def test_cli_refuses_another_machines_calibration(tmp_path: Path, capsys: pytest
 def test_worker_runs_compressed_ddp() -> None:
     """Two ranks of the worker on loopback, a drawn MLP shape: compressed steps measured, the ranks in
     sync, each rank's threads' CPU and run-queue waits reported (diagnostics only)."""
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
 
     cfg = {"model": "mlp", "width": 512, "depth": 3, "algorithm": "onebit", "options": {}, "scheme": "allgather",
            "steps": 2, "warmup": 1}  # fmt: skip
-    data = json.loads(launch(2, ["-m", "trainsim.validate.compress", json.dumps(cfg)], net=None)[0].strip().splitlines()[-1])
+    data = run_json(2, "trainsim.validate.compress", cfg, net=None)[0]
     assert len(data["step_ms"]) == 2 and min(data["step_ms"]) > 0 and data["params_in_sync"]
     assert len(data["threads"]) == 2
     if data["threads"][0]:  # empty where the kernel keeps no schedstat

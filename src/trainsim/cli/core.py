@@ -289,7 +289,7 @@ def whatif(trace: str, amp: bool, fused_optimizer: bool, fused_gbps: float | Non
             world = planned.world_size if world is None else world
         scheme = scheme or "allgather"
         world = world or 2
-        out = predict(trace, algorithm=compress, world=world, bw_gbps=rate / 8e3, scheme=scheme, plan=plan_file)
+        out = predict(trace, algorithm=compress, world=world, bw_gbyte_s=rate / 8e3, scheme=scheme, plan=plan_file)
         out["speedup"] = out["plain_ddp_ms"] / out["compressed_ms"] if out["compressed_ms"] > 0 else None
         if as_json:
             _emit_json(out)

@@ -2,7 +2,7 @@
 
     >>> from trainsim.testbed.calibrate import calibrate
     >>> cal = calibrate(world=2, rate_mbit=100, delay_ms=2, max_bytes=4 << 20)   # doctest: +SKIP
-    >>> cal.link.bw_gbps, cal.link.latency_us                                     # doctest: +SKIP
+    >>> cal.link.bw_gbyte_s, cal.link.latency_us                                     # doctest: +SKIP
 
 Algorithm:
 1. start ``world`` gloo processes (``trainsim.testbed.launch``), each in its own network namespace

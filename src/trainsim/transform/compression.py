@@ -661,7 +661,7 @@ def predict(
     algorithm: str,
     options: Mapping[str, Any] | None = None,
     world: int = 2,
-    bw_gbps: float = 1.25,
+    bw_gbyte_s: float = 1.25,
     latency_us: float = 50.0,
     scheme: str = "allgather",
     plan: str | None = None,
@@ -669,7 +669,7 @@ def predict(
     """Plain vs compressed DDP step time (ms) of a profiled trace: the entry point for ``whatif --compress``.
 
     ``trace`` was written by ``trainsim profile`` (its ``<trace>.trainsim.json`` sidecar gives the
-    parameters and shapes); the link is ``bw_gbps`` GB/s per direction with ``latency_us``; ``plan``
+    parameters and shapes); the link is ``bw_gbyte_s`` GB/s per direction with ``latency_us``; ``plan``
     is a SeCoPa plan file. The codec is calibrated on this machine (one thread).
     """
     import json
@@ -688,7 +688,7 @@ def predict(
     except (KeyError, TypeError, ValueError, OSError):
         raise UserError(f"{side}: params need a 'shape' for the compression what-if") from None
     g = load_trace(trace)
-    link = Link(name="whatif", bw_gbps=bw_gbps, latency_us=latency_us)
+    link = Link(name="whatif", bw_gbyte_s=bw_gbyte_s, latency_us=latency_us)
     loaded = Plan.load(plan) if plan else None
     if loaded is not None:
         loaded.check_names(shapes)
@@ -711,7 +711,7 @@ def predict(
     return {
         "algorithm": algorithm,
         "world": world,
-        "bw_gbps": bw_gbps,
+        "bw_gbyte_s": bw_gbyte_s,
         "latency_us": latency_us,
         "scheme": scheme,
         "plain_ddp_ms": dp_step_ms(simulate(plain).step_ms, "ddp"),

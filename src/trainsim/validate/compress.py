@@ -38,7 +38,6 @@ import math
 import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -199,7 +198,7 @@ def model_link(mcal: Any, c: RunConfig) -> Any:
         bytes_per_us = c.rate_mbit * mcal.efficiency(c.rate_mbit, delay_ms=c.delay_ms) / 8.0
     else:
         bytes_per_us = 1.0 / max(b, 1e-6)
-    return Link(name="machine-calibration", bw_gbps=bytes_per_us / 1e3, latency_us=lat, source="testbed.machine")
+    return Link(name="machine-calibration", bw_gbyte_s=bytes_per_us / 1e3, latency_us=lat, source="testbed.machine")
 
 
 def _plan(c: RunConfig, cost: Any, link: Any, names: list[tuple[str, int]], shapes: dict[str, Any]) -> Any:
@@ -263,15 +262,13 @@ def run_config(c: RunConfig, *, steps: int, warmup: int, plan_file: str | None, 
     import contextlib
 
     from trainsim.run.ranks import run_queue_ms
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns
 
     wcfg = {"model": c.model, "width": c.width, "depth": c.depth, "algorithm": c.algorithm, "options": c.options,
             "scheme": c.scheme, "steps": steps, "warmup": warmup, "plan": plan_file}  # fmt: skip
-    argv = ["-m", "trainsim.validate.compress", json.dumps(wcfg)]
     with Netns(WORLD, rate_mbit=c.rate_mbit, delay_ms=c.delay_ms) if netns else contextlib.nullcontext() as net:
-        out = launch(WORLD, argv, net=net, timeout_s=600)
-    data = json.loads(out[0].strip().splitlines()[-1])
+        data = run_json(WORLD, "trainsim.validate.compress", wcfg, net=net, timeout_s=600)[0]
     meas = [float(x) for x in data["step_ms"]]
     threads = tuple(t or {} for t in data.get("threads", []))
     rq = run_queue_ms(threads)
@@ -422,18 +419,18 @@ def compress_command(
 # ---- the worker: one rank of compressed DDP (python -m trainsim.validate.compress JSON) ----------
 
 
-def worker(cfg: dict[str, Any]) -> None:
+def worker(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    """One rank (``rank_main``'s body): the process group from torchrun's variables."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainsim.models.zoo import ZooSpec, build_with_batches
     from trainsim.run.hooks import CompressionState, hook_for
-    from trainsim.run.ranks import ThreadClock
+    from trainsim.run.ranks import ThreadClock, write_result
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
     spec = ZooSpec(batch_size=32, width=int(cfg.get("width", 1024)), depth=int(cfg.get("depth", 4)))
     model, batch = build_with_batches(cfg["model"], seed=0, spec=spec)
     algo = cfg["algorithm"]
@@ -510,15 +507,12 @@ def worker(cfg: dict[str, Any]) -> None:
     threads: list[Any] = [None] * dist.get_world_size()  # per rank, by thread name: run and wait ms per step
     dist.all_gather_object(threads, clock.per_step(steps))
     if rank == 0 or trace is not None:  # traced: every rank's timeline (its own stdout)
-        print(json.dumps({"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag,
-                          "cores": sorted(os.sched_getaffinity(0)), "threads": threads}), flush=True)  # fmt: skip
+        write_result(out, {"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag,
+                           "cores": sorted(os.sched_getaffinity(0)), "threads": threads})  # fmt: skip
     dist.barrier()
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2 or "RANK" not in os.environ:
-        print("usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python -m trainsim.validate.compress JSON")
-        sys.exit(2)
-    worker(json.loads(sys.argv[1]))
-    sys.stdout.flush()
-    os._exit(0)  # skip gloo teardown (its threads can abort at exit on torch 2.13)
+if __name__ == "__main__":  # one rank (rank_main's protocol), started by ``run_config`` through run_json
+    from trainsim.run.ranks import rank_main
+
+    rank_main(worker, "one rank of a real compressed DDP run (started by trainsim validate compress)")
