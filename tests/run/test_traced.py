@@ -108,17 +108,9 @@ print(said, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def test_a_worker_reuses_freed_memory_instead_of_faulting_it_in_every_step() -> None:
     """The default allocator maps each 40 MB block afresh and faults it in again (10,000 pages of 4 KiB, or
     20 huge pages, per block); after keep_freed_memory a freed block is the next one's memory: no faults."""
-    import subprocess
-    import sys
-
-    def faults(mode: str) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True)
-        said, n = out.stdout.rsplit(maxsplit=1)
-        return said, int(n)
-
-    said, kept = faults("keep")
+    said, kept = _minor_faults(_FAULTS, "keep")
     assert said == "glibc: mmap off, no trim" and kept < 10
-    said, default = faults("default")
+    said, default = _minor_faults(_FAULTS, "default")
     assert said == "default" and default >= 10 * 20  # the cost the worker no longer pays in every step
 
 
@@ -142,15 +134,17 @@ print(done, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def test_a_prefaulted_heap_grows_without_page_faults() -> None:
     """32 MiB of new heap blocks fault in 8,192 pages of 4 KiB (16 huge pages); after prefault_heap(64 MiB)
     they are memory already faulted in: none."""
+    done, padded = _minor_faults(_GROWTH, "pad")
+    assert done == "True" and padded < 16
+    done, plain = _minor_faults(_GROWTH, "plain")
+    assert done == "False" and plain >= 16
+
+
+def _minor_faults(script: str, mode: str) -> tuple[str, int]:
+    """Run ``script`` (which prints what it did, then its page-fault count) in a fresh interpreter."""
     import subprocess
     import sys
 
-    def faults(mode: str) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", _GROWTH, mode], capture_output=True, text=True, check=True)
-        done, n = out.stdout.rsplit(maxsplit=1)
-        return done, int(n)
-
-    done, padded = faults("pad")
-    assert done == "True" and padded < 16
-    done, plain = faults("plain")
-    assert done == "False" and plain >= 16
+    out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
+    said, n = out.stdout.rsplit(maxsplit=1)
+    return said, int(n)
