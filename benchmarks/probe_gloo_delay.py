@@ -18,7 +18,6 @@ against one operation alone, in delays. Generic sizes and links only: none is a 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -74,22 +73,25 @@ def _concurrent(sizes: list[int], reps: int) -> dict[str, float]:
     return out
 
 
-def _worker(argv: list[str]) -> None:
+def _worker(cfg: dict[str, Any], rank: int, master: str, port: int, out_to: str) -> None:
+    """One rank (``rank_main``'s body): the process group from torchrun's variables."""
     import torch
     import torch.distributed as dist
 
-    mode, sizes, reps, gaps = argv[0], [int(s) for s in argv[1].split(",")], int(argv[2]), argv[3]
+    from trainsim.run.ranks import write_result
+
+    mode, sizes, reps, gaps = cfg["mode"], [int(s) for s in cfg["sizes"]], int(cfg["reps"]), cfg["gaps_ms"]
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     out: dict[str, float] = {}
     if mode == "concurrent":
         out = _concurrent(sizes, reps)
         if dist.get_rank() == 0:
-            print(json.dumps(out))
+            write_result(out_to, out)
         dist.destroy_process_group()
         return
     ops = ("allreduce", "allgather") if mode == "ops" else ("allreduce",)
-    pauses = [0.02] if mode == "ops" else [float(g) / 1e3 for g in gaps.split(",")]
+    pauses = [0.02] if mode == "ops" else [float(g) / 1e3 for g in gaps]
     for op in ops:
         for size in sizes:
             t = torch.ones(size // 4)
@@ -104,7 +106,7 @@ def _worker(argv: list[str]) -> None:
             for pause in pauses:
                 out[f"{op} {size} {pause * 1e3:g}"] = _timed(run, reps, pause)
     if dist.get_rank() == 0:
-        print(json.dumps(out))
+        write_result(out_to, out)
     dist.destroy_process_group()
 
 
@@ -118,7 +120,7 @@ def main() -> None:
     ap.add_argument("--concurrent", action="store_true", help="operations issued together against one alone")
     a = ap.parse_args()
 
-    from trainsim.testbed.launch import launch
+    from trainsim.testbed.launch import run_json
     from trainsim.testbed.machine import load_machine
     from trainsim.testbed.netns import Netns
 
@@ -132,8 +134,9 @@ def main() -> None:
                     for ns in net.names:
                         subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w",
                                         f"net.ipv4.tcp_slow_start_after_idle={ssai}"], check=True)  # fmt: skip
-                args = [__file__, "--worker", mode, a.sizes, str(a.reps), a.gaps_ms]
-                res = json.loads(launch(2, args, net=net, timeout_s=300)[0].strip().splitlines()[-1])
+                wcfg = {"mode": mode, "sizes": [int(s) for s in a.sizes.split(",")], "reps": a.reps,
+                        "gaps_ms": a.gaps_ms.split(",")}  # fmt: skip
+                res = run_json(2, __file__, wcfg, net=net, timeout_s=300)[0]
                 if mode == "concurrent":
                     _report_concurrent(res, rate, delay, cal)
                     continue
@@ -163,7 +166,8 @@ def _report_concurrent(res: dict[str, float], rate: float, delay: float, cal: An
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _worker(sys.argv[2:])
-    else:
-        main()
+    if "--config" in sys.argv:  # one rank, started by run_json
+        from trainsim.run.ranks import rank_main
+
+        rank_main(_worker, "one rank of probe_gloo_delay.py")
+    main()
