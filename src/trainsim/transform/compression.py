@@ -424,12 +424,10 @@ def _chain_transfers(rows: _Rows, build: Callable[[], tuple[TaskGraph, np.ndarra
 
 def _ready_us(g: TaskGraph, end_us: np.ndarray, tasks: np.ndarray) -> np.ndarray:
     """When each of ``tasks`` could start by its explicit predecessors (their end plus the edge's lag)."""
-    out = np.zeros(len(tasks))
-    for k, t in enumerate(tasks):
-        into = g.edge_dst == t
-        if into.any():
-            out[k] = float(np.max(end_us[g.edge_src[into]] + g.edge_lag_us[into]))
-    return out
+    ready = np.full(g.n_tasks, -np.inf)
+    np.maximum.at(ready, g.edge_dst, end_us[g.edge_src] + g.edge_lag_us)  # one pass over the edges
+    out = ready[tasks]
+    return np.where(np.isfinite(out), out, 0.0)  # no predecessor: 0
 
 
 CALLBACK_THREAD = "cpu:hook-callback"
