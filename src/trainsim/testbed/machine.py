@@ -364,31 +364,37 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     sizes = np.array(GRID, dtype=float)
     host = np.array(loop.measured_us)
     a, b = _line(sizes, host)
+    eff_sizes = np.array(EFF_SIZES, dtype=float)
+
+    def shaped_pass(rate: float, delay_ms: float) -> tuple[list[float], list[float]]:
+        """All-reduces of ``EFF_SIZES`` on a link of ``rate`` with ``delay_ms`` added: the times, and the
+        delivered / nominal rate (time less the loopback host line and the rendezvous latencies)."""
+        sh = calibrate(world=2, rate_mbit=rate, delay_ms=delay_ms, sizes=EFF_SIZES, reps=2, budget_s=0.15)
+        lat = 2 * RENDEZVOUS_LATENCIES * delay_ms * 1e3  # 2 ranks: two ring steps
+        wire = np.array(sh.measured_us, dtype=float) - (a + b * eff_sizes) - lat
+        nominal = eff_sizes * 8 / rate  # us at the nominal rate (2 ranks: each sends the size once)
+        return ([round(float(x), 2) for x in sh.measured_us],
+                [round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])  # fmt: skip
+
     shaped: list[list[float]] = []
     grid: list[list[float]] = []
     rates: list[float] = []
-    eff_sizes = np.array(EFF_SIZES, dtype=float)
     if netns_unavailable() is None:
         rates = list(CAL_RATES_MBIT)
         for rate in rates:
             say(f"machine calibration: all-reduces on a veth link shaped to {rate:g} Mbit/s")
-            sh = calibrate(world=2, rate_mbit=rate, sizes=EFF_SIZES, reps=2, budget_s=0.15)
-            shaped.append([round(float(x), 2) for x in sh.measured_us])
-            wire = np.array(sh.measured_us, dtype=float) - (a + b * eff_sizes)
-            nominal = eff_sizes * 8 / rate  # us at the nominal rate (2 ranks: each sends the size once)
-            grid.append([round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])
+            times, row = shaped_pass(rate, 0.0)
+            shaped.append(times)
+            grid.append(row)
     eff = float(np.median(grid)) if grid else 1.0
     delayed: list[list[float]] = []
     delayed_grid: list[list[float]] = []
     delayed_rates = list(DELAYED_RATES_MBIT) if rates else []
     for rate in delayed_rates:
         say(f"machine calibration: all-reduces on a link shaped to {rate:g} Mbit/s with {DELAYED_CAL_MS:g} ms added")
-        sh = calibrate(world=2, rate_mbit=rate, delay_ms=DELAYED_CAL_MS, sizes=EFF_SIZES, reps=2, budget_s=0.15)
-        delayed.append([round(float(x), 2) for x in sh.measured_us])
-        lat = 2 * RENDEZVOUS_LATENCIES * DELAYED_CAL_MS * 1e3  # 2 ranks: two ring steps
-        wire = np.array(sh.measured_us, dtype=float) - (a + b * eff_sizes) - lat
-        nominal = eff_sizes * 8 / rate
-        delayed_grid.append([round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])
+        times, row = shaped_pass(rate, DELAYED_CAL_MS)
+        delayed.append(times)
+        delayed_grid.append(row)
     wire_rates = list(WIRE_RATES_MBIT) if rates else []
     wire_lost: list[list[float]] = []
     for rate in wire_rates:
