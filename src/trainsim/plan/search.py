@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -286,14 +286,12 @@ def exhaustive(
                                     break  # more recomputation only adds time
     if progress:
         progress(len(outer), len(outer))
-    res.plans = top.items
     if not top.items and math.isfinite(min_static):
         res.notes.append(
             f"weights, gradients and optimizer states alone need {min_static / GIB:.1f} GiB per GPU at best "
             f"(ZeRO-{max(space.zero)}, deepest pipeline) > {grp.gpu.mem_gib:g} GiB on {grp.gpu.name}"
         )
-    res.seconds = time.perf_counter() - t0
-    return res
+    return _finish(res, top, t0)
 
 
 # =============================================================================== stage tables
@@ -593,33 +591,58 @@ def dp_search(
         raise UserError(f"--method dp handles at most 2 GPU groups; the cluster has {len(cluster.groups)}")
     res = Result("dp", [])
     top = _TopK(top_k)
-    cands = list(outer) if outer is not None else _outer(model, cluster, global_batch, space)
-    cands = _rank_outer(model, cluster, global_batch, cands, eff)[:max_outer]  # promising first
-    done_rc: set[tuple] = set()
-    for idx, s in enumerate(cands):
-        if progress:
-            progress(idx, len(cands))
-        key = (s.dp, s.tp, s.cp, s.micro_batch, s.schedule, s.zero)
-        if key in done_rc:
-            continue  # a cheaper recomputation already fitted
-        m = global_batch // (s.dp * s.micro_batch)
-        try:
-            tabs = _stage_tables(model, cluster, s, m, eff)
-        except UserError:
-            continue
+    fitted: set[tuple] = set()
+    cands = _candidates(model, cluster, global_batch, space, outer)
+    for s, m, tabs in _ranked_tables(model, cluster, global_batch, cands, eff, max_outer, fitted, progress):
         if _outer_bound(model, cluster, global_batch, s, eff) >= top.bound():
             res.pruned += 1
             continue
         layouts = _dp_stages(tabs, m, _beta(s.schedule, 1), s.schedule)
         res.evaluated += 1
         if layouts:
-            done_rc.add(key)
+            fitted.add(_recompute_key(s))
         for _obj, st in layouts[:5]:
             e = _score(model, s, st, cluster, global_batch, eff)
             if e is not None:
                 top.add(e)
+    return _finish(res, top, t0)
+
+
+def _candidates(model: Model, cluster: Cluster, global_batch: int, space: Space, outer: Sequence[Strategy] | None) -> list[Strategy]:
+    """The outer choices given by the caller, else the enumeration of ``space`` (``_outer``)."""
+    return list(outer) if outer is not None else _outer(model, cluster, global_batch, space)
+
+
+def _recompute_key(s: Strategy) -> tuple:
+    """An outer choice less its recomputation level: once one level yields a fitting layout, more only adds time."""
+    return (s.dp, s.tp, s.cp, s.micro_batch, s.schedule, s.zero)
+
+
+def _ranked_tables(
+    model: Model, cluster: Cluster, global_batch: int, cands: Sequence[Strategy], eff: Efficiency,
+    max_outer: int | None, fitted: set[tuple], progress: Progress | None,
+) -> Iterator[tuple[Strategy, int, _StageTables]]:
+    """The ``max_outer`` most promising outer choices (``_rank_outer``) with their micro-batch count and
+    stage tables, reporting progress; skips a choice whose ``_recompute_key`` the caller added to ``fitted``
+    (a cheaper recomputation already fitted) and one whose tables cannot be built."""
+    ranked = _rank_outer(model, cluster, global_batch, cands, eff)[:max_outer]
+    for idx, s in enumerate(ranked):
+        if progress:
+            progress(idx, len(ranked))
+        if _recompute_key(s) in fitted:
+            continue
+        m = global_batch // (s.dp * s.micro_batch)
+        try:
+            tabs = _stage_tables(model, cluster, s, m, eff)
+        except UserError:
+            continue
+        yield s, m, tabs
     if progress:
-        progress(len(cands), len(cands))
+        progress(len(ranked), len(ranked))
+
+
+def _finish(res: Result, top: _TopK, t0: float) -> Result:
+    """``res`` with the best plans found and the seconds since ``t0``."""
     res.plans = top.items
     res.seconds = time.perf_counter() - t0
     return res
@@ -644,7 +667,7 @@ def _exhaustive_hetero(
 ) -> Result:
     res = Result("exhaustive", [])
     top = _TopK(top_k)
-    cands = list(outer) if outer is not None else _outer(model, cluster, global_batch, space)
+    cands = _candidates(model, cluster, global_batch, space, outer)
     U = model.n_units
     K = len(cluster.groups)
     for idx, s in enumerate(cands):
@@ -668,9 +691,7 @@ def _exhaustive_hetero(
                     res.evaluated += 1
                     if e is not None:
                         top.add(e)
-    res.plans = top.items
-    res.seconds = time.perf_counter() - t0
-    return res
+    return _finish(res, top, t0)
 
 
 # =============================================================================== differentiable
@@ -750,20 +771,9 @@ def _diff_search(
     res = Result("diff", [])
     top = _TopK(top_k)
     gen = torch.Generator().manual_seed(seed)
-    cands = list(outer) if outer is not None else _outer(model, cluster, global_batch, space)
-    cands = _rank_outer(model, cluster, global_batch, cands, eff)[:max_outer]
-    done: set[tuple] = set()
-    for idx, s in enumerate(cands):
-        if progress:
-            progress(idx, len(cands))
-        key = (s.dp, s.tp, s.cp, s.micro_batch, s.schedule, s.zero)
-        if key in done:
-            continue
-        m = global_batch // (s.dp * s.micro_batch)
-        try:
-            tabs = _stage_tables(model, cluster, s, m, eff)
-        except UserError:
-            continue
+    fitted: set[tuple] = set()
+    cands = _candidates(model, cluster, global_batch, space, outer)
+    for s, m, tabs in _ranked_tables(model, cluster, global_batch, cands, eff, max_outer, fitted, progress):
         K, U = tabs.t.shape[0], tabs.t.shape[1] - 1
         smax = int(min(U, tabs.slots.sum()))
         beta = _beta(s.schedule, 1)
@@ -834,12 +844,8 @@ def _diff_search(
                     top.add(e)
                     any_fit = any_fit or e.fits
         if any_fit:
-            done.add(key)
-    if progress:
-        progress(len(cands), len(cands))
-    res.plans = top.items
-    res.seconds = time.perf_counter() - t0
-    return res
+            fitted.add(_recompute_key(s))
+    return _finish(res, top, t0)
 
 
 def _outer_bound(model: Model, cluster: Cluster, global_batch: int, s: Strategy, eff: Efficiency) -> float:
