@@ -20,79 +20,46 @@ per-stage terms (``Estimate.stage_terms``), so differences come from the schedul
 stages, interleaving, zero-bubble's deferred W, and overlap. One data-parallel replica is simulated
 (replicas are identical).
 
-Schedules (action order per rank; ``F3`` = forward of micro-batch 3):
-
-- gpipe: all F, then all B.
-- 1f1b: ``pp - rank - 1`` warm-up F, then alternate F/B, then the remaining B (PipeDream-flush).
-- interleaved: Megatron's order over ``v`` chunks (micro-batches in groups of ``pp``; warm-up
-  ``(pp - rank - 1) * 2 + (v - 1) * pp``).
-- zb: ZB-H1 (Qi et al. ICLR'24): 1F1B with B split into input-gradient B and weight-gradient W; F/B
-  keep 1F1B's order and W runs whenever the next F/B is not ready (a priority resource), which is how
-  ZB-H1 fills the cool-down bubble.
+Schedules: the planner's names map to PyTorch's schedule classes (``TORCH_SCHEDULE``), and each rank's
+compute order is the one ``trainsim.transform.pipeline.compute_order`` takes from torch's own schedule
+object, the order ``torch.distributed.pipelining`` runs and ``trainsim validate pipeline`` measures:
+gpipe -> GPipe, 1f1b -> 1F1B, interleaved -> Interleaved1F1B (``v`` stages per rank, looped), zb ->
+InterleavedZeroBubble with one stage per rank (ZB-H1: backward split into input gradient ``I`` and
+weight gradient ``W``, the W placed by torch where they fill the bubbles).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+# torch's schedules: without torch this module does not import and ``trainsim plan`` skips the check
+from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
 from trainsim.errors import UserError
 from trainsim.plan.devices import Cluster
 from trainsim.plan.estimate import Estimate
 from trainsim.plan.workload import Model
+from trainsim.transform.pipeline import PipeSpec, compute_order
 
-Action = tuple[str, int, int]  # (kind F|B|W, chunk, micro-batch)
-
-
-def schedule_actions(schedule: str, rank: int, pp: int, m: int, v: int = 1) -> list[Action]:
-    """The compute order of one pipeline rank."""
-    if schedule == "gpipe":
-        return [("F", 0, j) for j in range(m)] + [("B", 0, j) for j in range(m)]
-    if schedule == "interleaved" and v > 1:
-        return _interleaved(rank, pp, m, v)
-    warm = min(pp - rank - 1, m)
-    out: list[Action] = [("F", 0, j) for j in range(warm)]
-    nb = 0
-    for j in range(warm, m):
-        out.append(("F", 0, j))
-        out.append(("B", 0, nb))
-        nb += 1
-    out += [("B", 0, j) for j in range(nb, m)]
-    if schedule != "zb":
-        return out
-    # ZB-H1: B is the input gradient only; each B is followed by its W (weight gradient). The simulation
-    # runs W at low priority so that a W fills the bubble while the next F/B waits (``simulate_plan``).
-    zb: list[Action] = []
-    for k, c, j in out:
-        zb.append((k, c, j))
-        if k == "B":
-            zb.append(("W", c, j))
-    return zb
+TORCH_SCHEDULE = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb": "InterleavedZeroBubble"}
+"""the planner's schedule name -> the ``torch.distributed.pipelining`` schedule the simulation runs"""
 
 
-def _interleaved(rank: int, pp: int, m: int, v: int) -> list[Action]:
-    total = m * v
+def schedule_actions(schedule: str, pp: int, m: int, v: int = 1) -> dict[int, list[Any]]:
+    """Each rank's compute actions (torch's ``_Action``: stage, F/B/I/W, micro-batch) in run order.
+    One stage (``pp`` 1) runs each micro-batch's forward and then its backward, whatever the schedule."""
+    if pp == 1:
+        fwd, bwd = _ComputationType.FORWARD, _ComputationType.FULL_BACKWARD
+        return {0: [_Action(0, t, j) for j in range(m) for t in (fwd, bwd)]}
+    spec = PipeSpec(schedule=TORCH_SCHEDULE[schedule], n_ranks=pp, stages_per_rank=v, microbatches=m)
+    return compute_order(spec)
 
-    def fwd(k: int) -> Action:
-        grp, pos = divmod(k, pp * v)
-        chunk = (k % (pp * v)) // pp
-        return ("F", chunk, grp * pp + pos % pp)
 
-    def bwd(k: int) -> Action:
-        grp, pos = divmod(k, pp * v)
-        chunk = v - 1 - (k % (pp * v)) // pp
-        return ("B", chunk, grp * pp + pos % pp)
-
-    if m % pp:
-        raise UserError(f"interleaved schedule: micro-batches {m} must be a multiple of pp={pp} (Megatron-LM)")
-    warm = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
-    out = [fwd(k) for k in range(warm)]
-    nb = 0
-    for k in range(warm, total):
-        out.append(fwd(k))
-        out.append(bwd(nb))
-        nb += 1
-    out += [bwd(k) for k in range(nb, total)]
-    return out
+def _kind(a: Any) -> str:
+    """F, B or W: a split backward's input-gradient half (I) plays B's part in the dependencies."""
+    k = str(a.computation_type.value)
+    return "B" if k == "I" else k
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,32 +85,22 @@ def simulate_plan(model: Model, cluster: Cluster, e: Estimate, *, global_batch: 
         raise UserError(f"plan {s.text()}: {pp * m * v * 3} tasks exceed the simulation limit {max_tasks}")
     terms = e.stage_terms
     b = GraphBuilder(source=f"plan {s.text()}")
-    acts = [schedule_actions(s.schedule, r, pp, m, v) for r in range(pp)]
-    ids: dict[tuple[str, int, int, int], int] = {}  # (kind, virtual stage, mb, rank) -> task
+    acts = schedule_actions("1f1b" if s.schedule == "interleaved" and v == 1 else s.schedule, pp, m, v)
+    ids: dict[tuple[str, int, int, int], int] = {}  # (kind F|B|W, virtual stage, mb, rank) -> task; I counts as B
     us = 1e6
-    zb = s.schedule == "zb"
     for r in range(pp):
-        chain = -1
         d = terms[r]
-        res = b.resource(f"stage{r}:compute", ResourceKind.GPU_STREAM, Policy.PRIORITY if zb else Policy.FIFO)
+        res = b.resource(f"stage{r}:compute", ResourceKind.GPU_STREAM, Policy.FIFO)
         # communication that belongs to the forward pass (the rest, recomputed forward included, to backward)
         fwd_comm = d["tp_comm"] * d["tp_fwd_frac"] + (d["cp_comm"] + d["ep_comm"]) * d["fwd_frac"]
         fwd = (d["f"] + fwd_comm) / v
         bwd = (d["b"] + d["recompute"] + d["tp_comm"] + d["cp_comm"] + d["ep_comm"] + d["fsdp_comm"] - fwd_comm) / v
-        for pos, (k, c, j) in enumerate(acts[r]):
-            if k == "F":
-                dur = fwd
-            elif s.schedule == "zb":
-                dur = bwd / 2 + (d["recompute"] / v / 2 if k == "B" else -d["recompute"] / v / 2)
-            else:
-                dur = bwd
-            prio = float(pos) if k != "W" else 1e6 + pos
-            tid = b.task(f"{k}{j}.c{c}", TaskKind.KERNEL, res, dur * us, step=0, order=float(pos), priority=prio)
-            ids[(k, c * pp + r, j, r)] = tid
-            if zb and k != "W":
-                if chain >= 0:
-                    b.edge(chain, tid)  # F/B keep the 1F1B order; only W floats
-                chain = tid
+        # a split backward: the input gradient (I) takes half of it and the recomputation, W the other half
+        dur = {"F": fwd, "B": bwd, "I": bwd / 2 + d["recompute"] / v / 2, "W": bwd / 2 - d["recompute"] / v / 2}
+        for pos, a in enumerate(acts[r]):
+            k = a.computation_type.value
+            tid = b.task(str(a), TaskKind.KERNEL, res, dur[k] * us, step=0, order=float(pos))
+            ids[(_kind(a), a.stage_index, a.microbatch_index, r)] = tid
     # transfers between consecutive virtual stages, one channel per direction per rank pair
     nvs = pp * v
     for vs in range(nvs - 1):
@@ -153,8 +110,8 @@ def simulate_plan(model: Model, cluster: Cluster, e: Estimate, *, global_batch: 
             continue
         fch = b.resource(f"p2p:{r}->{rn}", ResourceKind.COMM_CHANNEL)
         bch = b.resource(f"p2p:{rn}->{r}", ResourceKind.COMM_CHANNEL)
-        pos_f = {(c * pp + r, j): p for p, (k, c, j) in enumerate(acts[r]) if k == "F"}
-        pos_b = {(c * pp + rn, j): p for p, (k, c, j) in enumerate(acts[rn]) if k == "B"}
+        pos_f = {(a.stage_index, a.microbatch_index): p for p, a in enumerate(acts[r]) if _kind(a) == "F"}
+        pos_b = {(a.stage_index, a.microbatch_index): p for p, a in enumerate(acts[rn]) if _kind(a) == "B"}
         for j in range(m):
             src = ids[("F", vs, j, r)]
             send = b.task(f"send_act{j}", TaskKind.COMM, fch, t * us, step=0, deps=[src], order=float(pos_f[(vs, j)]) + r * 1e-3)
@@ -171,11 +128,11 @@ def simulate_plan(model: Model, cluster: Cluster, e: Estimate, *, global_batch: 
     # data-parallel gradient sync behind the last backward, then the optimizer
     for r in range(pp):
         d = terms[r]
-        res = b.resource(f"stage{r}:compute", ResourceKind.GPU_STREAM, Policy.PRIORITY if zb else Policy.FIFO)
+        res = b.resource(f"stage{r}:compute", ResourceKind.GPU_STREAM, Policy.FIFO)
         dpch = b.resource(f"dp:{r}", ResourceKind.COMM_CHANNEL)
         # gradient buckets: the first three become ready while the last backward runs (they wait for every
         # backward but that one), the last bucket when it ends (PyTorch DDP-style bucketing, 4 buckets)
-        back = [ids[(k, c * pp + r, j, r)] for k, c, j in acts[r] if k in ("B", "W")]
+        back = [ids[(_kind(a), a.stage_index, a.microbatch_index, r)] for a in acts[r] if _kind(a) != "F"]
         # gradient traffic behind the last backward: all-reduce (ZeRO-0), reduce-scatter (ZeRO-1), the hybrid
         # all-reduce across replicas (ZeRO-3); ZeRO-2 reduce-scatters per micro-batch (inside fsdp_comm)
         full = {0: d["dp_full"], 1: d["dp_full"] / 2, 2: 0.0, 3: d["dp_full"]}[s.zero]
@@ -185,7 +142,7 @@ def simulate_plan(model: Model, cluster: Cluster, e: Estimate, *, global_batch: 
             b.task(f"grad_sync{q}", TaskKind.COMM, dpch, full / 4 * us, step=0, deps=back[:-1] if q < 3 else back)
             for q in range(4)
         ]
-        opt = b.task("optimizer", TaskKind.KERNEL, res, d["opt"] * us, step=0, deps=chunks, order=1e9, priority=1e9)
+        opt = b.task("optimizer", TaskKind.KERNEL, res, d["opt"] * us, step=0, deps=chunks, order=1e9)
         if s.zero in (1, 2) and s.dpc > 1:
             b.task("param_allgather", TaskKind.COMM, dpch, d["dp_full"] / 2 * us, step=0, deps=[opt])
     g = b.build()
