@@ -37,17 +37,16 @@ import json
 import math
 import os
 import random
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from trainsim.errors import UserError
-from trainsim.validate.dp import MLP_DEFAULT, Profile
+from trainsim.validate.dp import MLP_DEFAULT, Profile, Profiler, _link
 from trainsim.validate.protocol import protocol_options
 
 WORLD = 2
@@ -139,10 +138,6 @@ def draw_configs(seed: int, n: int) -> list[RunConfig]:
         out.append(RunConfig(width=width, depth=depth, rate_mbit=rate, delay_ms=delay, algorithm=algo, options=opts,
                              scheme=scheme))  # fmt: skip
     return out
-
-
-def _link(rate: float | None, delay: float) -> str:
-    return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
 
 
 MEASURE_S = 3.0
@@ -259,23 +254,17 @@ def predict_ms(prof: Profile, c: RunConfig, mcal: Any, cost: Any, shapes: dict[s
 def run_config(c: RunConfig, *, steps: int, warmup: int, plan_file: str | None, netns: bool) -> tuple[float, dict[str, Any]]:
     """Run ``c`` for real (2 ranks of this module's worker on a link shaped for it, or loopback); return
     the median step (the slowest rank's, ms) and the run's diagnostics."""
-    import contextlib
-
     from trainsim.run.ranks import run_queue_ms
-    from trainsim.testbed.launch import run_json
-    from trainsim.testbed.netns import Netns
+    from trainsim.validate.dp import run_measured
 
     wcfg = {"model": c.model, "width": c.width, "depth": c.depth, "algorithm": c.algorithm, "options": c.options,
             "scheme": c.scheme, "steps": steps, "warmup": warmup, "plan": plan_file}  # fmt: skip
-    with Netns(WORLD, rate_mbit=c.rate_mbit, delay_ms=c.delay_ms) if netns else contextlib.nullcontext() as net:
-        data = run_json(WORLD, "trainsim.validate.compress", wcfg, net=net, timeout_s=600)[0]
-    meas = [float(x) for x in data["step_ms"]]
+    step, diag, data = run_measured("trainsim.validate.compress", WORLD, wcfg, rate_mbit=c.rate_mbit,
+                                    delay_ms=c.delay_ms, netns=netns)  # fmt: skip
     threads = tuple(t or {} for t in data.get("threads", []))
     rq = run_queue_ms(threads)
-    diag = {"steps_ms": [round(x, 3) for x in meas], "params_in_sync": bool(data.get("params_in_sync", True)),
-            "run_queue_ms": None if rq is None else round(rq, 3), "threads": list(threads),
-            "where": "netns" if netns else "loopback"}  # fmt: skip
-    return float(statistics.median(meas)), diag
+    diag.update({"run_queue_ms": None if rq is None else round(rq, 3), "threads": list(threads)})
+    return step, diag
 
 
 def model_shapes(key: tuple[str, int, int]) -> tuple[dict[str, tuple[int, ...]], list[tuple[str, int]]]:
@@ -297,7 +286,7 @@ def run_validation(
     seed: int,
     mcal: Any,
     n_fixed: int | None = None,
-    profiler: Callable[[tuple[str, int, int], Path], Profile] | None = None,
+    profiler: Profiler | None = None,
     codec_timer: Callable[[RunConfig], Any] = time_codec,
     runner: Runner | None = None,
     passes: int = 3,
@@ -311,14 +300,10 @@ def run_validation(
     ``out``, then run them ``passes`` times, interleaved; return the finished document (the first
     ``n_fixed`` configurations are the fixed ones, the rest ``held_out``)."""
     from trainsim.validate.dp import _workdir, note_out_of_sync, profile_models
-    from trainsim.validate.protocol import ResultFile, interleave
+    from trainsim.validate.protocol import config_row, interleave, open_result
 
-    if passes < 1:
-        raise UserError(f"validate compress: passes={passes}; expected >= 1")
+    res = open_result(out, name="compress", seed=seed, passes=passes, meta=meta)
     n_fixed = len(configs) if n_fixed is None else n_fixed
-    meta = dict(meta or {})
-    res = ResultFile(out, command=meta.pop("command", "validate compress"), seed=seed,
-                     calibration=meta.pop("calibration", None), **meta)  # fmt: skip
     with _workdir() as wd:
         profs = profile_models({c.model_key for c in configs}, wd, profiler, steps=steps, log=log)
         shapes: dict[tuple[str, int, int], dict[str, tuple[int, ...]]] = {}
@@ -340,9 +325,7 @@ def run_validation(
                 plan.save(plan_file)
             plan_files.append(None if plan_file is None else str(plan_file))
             pred = predict_ms(profs[c.model_key], c, mcal, cost, shapes[c.model_key], plan)
-            rows.append({"label": c.label() + ("*" if i >= n_fixed else ""), "config": asdict(c),
-                         "held_out": i >= n_fixed, **pred,
-                         "steps": measured_steps(steps, pred["predicted_ms"])})  # fmt: skip
+            rows.append(config_row(c, i, n_fixed, {**pred, "steps": measured_steps(steps, pred["predicted_ms"])}))
         res.freeze(rows)  # every prediction on disk before the first real run
         log(f"{len(rows)} predictions frozen in {out}")
 
@@ -427,7 +410,7 @@ def worker(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> 
 
     from trainsim.models.zoo import ZooSpec, build_with_batches
     from trainsim.run.hooks import CompressionState, hook_for
-    from trainsim.run.ranks import ThreadClock, write_result
+    from trainsim.run.ranks import ThreadClock, slowest_and_in_sync, write_result
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -498,16 +481,11 @@ def worker(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> 
         diag["buckets"] = [(b, *(round((t - t_ref) * 1e3, 3) for t in ts)) for b, *ts in trace]
         diag["step_starts_ms"] = [round((t - t_ref) * 1e3, 3) for t in starts[warmup:]]
         diag["t_ref_s"] = [t_ref]  # time.perf_counter (CLOCK_MONOTONIC: one clock for every rank on a host)
-    t = torch.tensor(step_ms, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    check = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
-    both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
-    dist.all_gather(both, check)
-    in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
+    slowest, in_sync, _ = slowest_and_in_sync(step_ms, model)
     threads: list[Any] = [None] * dist.get_world_size()  # per rank, by thread name: run and wait ms per step
     dist.all_gather_object(threads, clock.per_step(steps))
     if rank == 0 or trace is not None:  # traced: every rank's timeline (its own stdout)
-        write_result(out, {"step_ms": t.tolist(), "params_in_sync": in_sync, "rank0": diag,
+        write_result(out, {"step_ms": slowest, "params_in_sync": in_sync, "rank0": diag,
                            "cores": sorted(os.sched_getaffinity(0)), "threads": threads})  # fmt: skip
     dist.barrier()
 

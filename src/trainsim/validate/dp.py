@@ -42,7 +42,7 @@ import shutil
 import statistics
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -332,18 +332,30 @@ def run_config(cfg: RunConfig, *, steps: int, warmup: int, agree_rounds: bool, n
     """Run ``cfg`` for real (``dp_worker``, one gloo process per namespace on a link shaped for it, or
     on loopback when ``netns`` is False); return the median step (the slowest rank's, ms) and the run's
     diagnostics."""
-    from trainsim.testbed.launch import run_json
-    from trainsim.testbed.netns import Netns
-
     wcfg = {"model": cfg.model, "width": cfg.width, "depth": cfg.depth, "mode": cfg.mode, "steps": steps,
             "warmup": warmup, "bucket_cap_mb": cfg.bucket_cap_mb, "slice_bytes": cfg.slice_bytes,
             "partition_bytes": cfg.partition_bytes, "credit": cfg.credit, "agree_rounds": agree_rounds}  # fmt: skip
-    with Netns(cfg.world, rate_mbit=cfg.rate_mbit, delay_ms=cfg.delay_ms) if netns else contextlib.nullcontext() as net:
-        data = run_json(cfg.world, "trainsim.validate.dp_worker", wcfg, net=net, timeout_s=600)[0]
+    step, diag, _ = run_measured("trainsim.validate.dp_worker", cfg.world, wcfg, rate_mbit=cfg.rate_mbit,
+                                 delay_ms=cfg.delay_ms, netns=netns)  # fmt: skip
+    return step, diag
+
+
+def run_measured(
+    module: str, world: int, wcfg: dict[str, Any], *, rate_mbit: float | None, delay_ms: float, netns: bool
+) -> tuple[float, dict[str, Any], dict[str, Any]]:
+    """Run ``module``'s worker for real (``testbed.launch.run_json``): ``world`` gloo processes, one per
+    namespace on a link shaped to ``rate_mbit`` and ``delay_ms``, or on loopback when ``netns`` is False.
+    Returns the median step (the slowest rank's, ms), the diagnostics every such run has (its steps,
+    whether the ranks ended in sync, where it ran) and rank 0's whole result."""
+    from trainsim.testbed.launch import run_json
+    from trainsim.testbed.netns import Netns
+
+    with Netns(world, rate_mbit=rate_mbit, delay_ms=delay_ms) if netns else contextlib.nullcontext() as net:
+        data = run_json(world, module, wcfg, net=net, timeout_s=600)[0]
     meas = [float(x) for x in data["step_ms"]]
     diag = {"steps_ms": [round(x, 3) for x in meas], "params_in_sync": bool(data.get("params_in_sync", True)),
             "where": "netns" if netns else "loopback"}  # fmt: skip
-    return float(statistics.median(meas)), diag
+    return float(statistics.median(meas)), diag, data
 
 
 Profiler = Callable[[tuple[str, int, int], Path], Profile]
@@ -371,24 +383,16 @@ def run_validation(
     them ``passes`` times, interleaved (``protocol.interleave``); return the finished document. The
     first ``n_fixed`` configurations (default all) are the fixed ones, the rest drawn (``held_out``).
     ``profiler`` and ``runner`` default to the real ones (``profile_model``, ``run_config``)."""
-    from trainsim.validate.protocol import ResultFile, interleave
+    from trainsim.validate.protocol import config_row, interleave, open_result
 
-    if passes < 1:
-        raise UserError(f"validate dp: passes={passes}; expected >= 1")
+    res = open_result(out, name="dp", seed=seed, passes=passes, meta=meta)
     n_fixed = len(configs) if n_fixed is None else n_fixed
-    meta = dict(meta or {})
-    res = ResultFile(out, command=meta.pop("command", "validate dp"), seed=seed, calibration=meta.pop("calibration", None),
-                     **meta)  # fmt: skip
     with _workdir() as wd:
         profs = profile_models({c.model_key for c in configs}, wd, profiler, steps=steps, log=log)
         for key, prof in profs.items():
             log(f"  {key[0]}: {prof.plain_ms:.1f} ms/step; DDP's own work {prof.ddp_overhead_ms:.1f} ms, "
                 f"the P3 runtime's {prof.p3_overhead_ms:.1f} ms")  # fmt: skip
-        rows = []
-        for i, c in enumerate(configs):
-            pred = predict_ms(profs[c.model_key], c, mcal)
-            rows.append({"label": c.label() + ("*" if i >= n_fixed else ""), "config": asdict(c),
-                         "held_out": i >= n_fixed, **pred})  # fmt: skip
+        rows = [config_row(c, i, n_fixed, predict_ms(profs[c.model_key], c, mcal)) for i, c in enumerate(configs)]
         res.freeze(rows)  # every prediction on disk before the first real run
         log(f"{len(rows)} predictions frozen in {out}")
         real = runner or (lambda c, row: run_config(c, steps=steps, warmup=warmup, agree_rounds=row["agree_rounds"],

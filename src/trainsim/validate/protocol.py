@@ -23,6 +23,7 @@ Ctrl-C (or any error) during the runs keeps what was measured: the file is rewri
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import random
@@ -211,6 +212,25 @@ class ResultFile:
         self.doc["partial_reason"] = reason
         self.doc.update(summary(self.doc["runs"]))
         write_json(self.path, self.doc)
+
+
+def open_result(out: Path, *, name: str, seed: int, passes: int, meta: dict[str, Any] | None) -> ResultFile:
+    """The result file of ``validate <name>``: ``meta``'s ``command`` (default ``validate <name>``) and
+    ``calibration`` (default none), its other fields beside them; ``passes`` < 1 is refused."""
+    if passes < 1:
+        raise UserError(f"validate {name}: passes={passes}; expected >= 1")
+    meta = dict(meta or {})
+    return ResultFile(out, command=meta.pop("command", f"validate {name}"), seed=seed,
+                      calibration=meta.pop("calibration", None), **meta)  # fmt: skip
+
+
+def config_row(config: Any, i: int, n_fixed: int, pred: dict[str, Any]) -> dict[str, Any]:
+    """The row to freeze for configuration ``i`` (a dataclass with ``label()``) and its prediction
+    ``pred``: the first ``n_fixed`` configurations are the fixed ones, the others drawn (``held_out``,
+    starred in the label)."""
+    held_out = i >= n_fixed
+    return {"label": config.label() + ("*" if held_out else ""), "config": dataclasses.asdict(config),
+            "held_out": held_out, **pred}  # fmt: skip
 
 
 def protocol_options(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
