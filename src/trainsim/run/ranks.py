@@ -388,6 +388,22 @@ def loop_marks(net: Any, batch: Any, loss_fn: Any, lr: float, warmup: int, steps
     return step_starts(net, opt, batch, loss_fn, range(warmup + steps + 1))
 
 
+def slowest_and_in_sync(step_ms: Sequence[float], model: Any) -> tuple[list[float], bool, float]:
+    """Over the default process group: each step's time on the slowest rank (ms), whether every rank
+    ended with the same weights (their sums agree to 1e-6, relative: the gradients were synchronised),
+    and this rank's weight sum. Every rank must call it."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(step_ms, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    check = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
+    both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(both, check)
+    in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
+    return t.tolist(), in_sync, float(check)
+
+
 def segments(steps: int, warmup: int, rounds: int) -> list[tuple[int, int]]:
     """``(warm-up steps, measured steps)`` of each segment of a run: one segment without host-speed
     readings; else ``rounds`` of them (at most one per 3 measured steps), the first with ``warmup``

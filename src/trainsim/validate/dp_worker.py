@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from trainsim.run.p3 import P3Runtime
-from trainsim.run.ranks import loop_marks, rank_main, step_starts, write_result
+from trainsim.run.ranks import loop_marks, rank_main, slowest_and_in_sync, step_starts, write_result
 from trainsim.transform.scheduling import BYTESCHEDULER_CREDIT as BS_CREDIT
 from trainsim.transform.scheduling import BYTESCHEDULER_PARTITION_BYTES as BS_PARTITION_BYTES
 
@@ -233,15 +233,9 @@ def main(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> No
     else:
         raise SystemExit(f"dp_worker: unknown mode {mode!r}")
     step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(starts)][warmup:]
-    t = torch.tensor(step_ms, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    # every rank must hold the same weights after training: a check that gradients were synchronised
-    check = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
-    both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
-    dist.all_gather(both, check)
-    in_sync = all(abs(float(b) - float(check)) <= 1e-6 * max(1.0, abs(float(check))) for b in both)
+    slowest, in_sync, param_sum = slowest_and_in_sync(step_ms, model)
     if rank == 0 or "p3_log" in extra:  # traced: every rank's timeline (its own stdout)
-        write_result(out, {"step_ms": t.tolist(), "params_in_sync": in_sync, "param_sum": float(check), **extra})
+        write_result(out, {"step_ms": slowest, "params_in_sync": in_sync, "param_sum": param_sum, **extra})
     dist.destroy_process_group()
 
 
