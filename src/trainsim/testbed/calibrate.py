@@ -85,47 +85,13 @@ FLOOR_MAX_US = 1000.0  # ``floor_launches`` measure the sizes whose first launch
 
 
 def calibrate(
-    *,
-    world: int = 2,
-    rate_mbit: float | None = None,
-    delay_ms: float = 0.0,
-    max_bytes: int = 16 << 20,
-    min_bytes: int = 1024,
-    reps: int = 5,
-    budget_s: float = 0.3,
-    sizes: list[int] | None = None,
-    timeout_s: float = 600.0,
-    net: object | None = None,
-    allgather_sizes: list[int] | None = None,
-    p2p_sizes: list[int] | None = None,
-    realtime: bool = False,
-    pin: bool = False,
-    launches: int = 1,
-    small_budget_s: float | None = None,
-    small_rounds: int | None = None,
-    floor_launches: int = 0,
-    big_launches: int = 0,
+    *, max_bytes: int = 16 << 20, min_bytes: int = 1024, sizes: list[int] | None = None, **options: Any
 ) -> Calibration:
-    """Measure and fit (see the module docstring). ``net``: an open ``Netns`` to reuse;
-    ``allgather_sizes``: per-rank sizes at which to time the hook's all-gather too
-    (``trainsim.run.casync.all_gather_bytes``; >= 2 sizes);
-    ``p2p_sizes``: sizes at which to time one-way sends and simultaneous exchanges (>= 2 sizes, an even
-    number of ranks); ``realtime``: run every thread of the ranks in the real-time class (see
-    ``calibrate_host.realtime``); the pass that measures interference with computation is skipped then;
-    ``pin``: keep each rank's threads on one core of its own (rank modulo the cores; see ``calibrate_host.pin``);
-    ``launches``: measure the all-reduces of up to ``LAUNCH_MAX_BYTES`` in this many launches of new
-    processes and keep, per size, the median of the launches (where the ranks' threads land changes
-    the sub-millisecond times from one launch to the next; the other measurements come from the
-    first launch); ``small_budget_s``, ``small_rounds``: all-reduce time per size and rounds in each of
-    those further launches (``calibrate_interleaved``); ``floor_launches``: that many launches more of
-    the sizes on the latency floor only (their first launch under ``FLOOR_MAX_US``); ``big_launches``:
-    that many launches more of the sizes above ``LAUNCH_MAX_BYTES``, spread among the further launches."""
-    return calibrate_interleaved(
-        [sizes or default_sizes(max_bytes, min_bytes)], world=world, rate_mbit=rate_mbit, delay_ms=delay_ms,
-        reps=reps, budget_s=budget_s, timeout_s=timeout_s, net=net, allgather_sizes=allgather_sizes,
-        p2p_sizes=p2p_sizes, realtime=realtime, pin=pin, launches=launches, small_budget_s=small_budget_s,
-        small_rounds=small_rounds, floor_launches=floor_launches, big_launches=big_launches,
-    )[0]  # fmt: skip
+    """Measure and fit one calibration (see the module docstring): the all-reduce at ``sizes`` (default
+    ``default_sizes(max_bytes, min_bytes)``), with ``calibrate_interleaved``'s options (``world``,
+    ``rate_mbit``, ``delay_ms``, ``reps``, ``budget_s``, ``net``, ``allgather_sizes``, ``p2p_sizes``,
+    ``realtime``, ``pin``, ``launches`` ...; documented there)."""
+    return calibrate_interleaved([sizes or default_sizes(max_bytes, min_bytes)], **options)[0]
 
 
 def calibrate_interleaved(
@@ -149,8 +115,17 @@ def calibrate_interleaved(
     floor_launches: int = 0,
     big_launches: int = 0,
 ) -> list[Calibration]:
-    """Independent calibrations, one per list of ``size_sets`` (each its own processes, its own fit),
-    whose launches take turns: each one's first launch, then the further launches of the small sizes
+    """Independent calibrations, one per list of ``size_sets`` (each its own processes, its own fit).
+    ``net``: an open ``Netns`` to reuse; ``allgather_sizes``: per-rank sizes at which to time the hook's
+    all-gather too (``trainsim.run.casync.all_gather_bytes``; >= 2 sizes); ``p2p_sizes``: sizes at which
+    to time one-way sends and simultaneous exchanges (>= 2 sizes, an even number of ranks);
+    ``realtime``: run every thread of the ranks in the real-time class (see ``calibrate_host.realtime``);
+    the pass that measures interference with computation is skipped then; ``pin``: keep each rank's
+    threads on one core of its own (rank modulo the cores; see ``calibrate_host.pin``); ``launches``:
+    measure the all-reduces of up to ``LAUNCH_MAX_BYTES`` in this many launches of new processes and
+    keep, per size, the median of the launches (where the ranks' threads land changes the
+    sub-millisecond times from one launch to the next; the other measurements come from the first
+    launch). The calibrations' launches take turns: each one's first launch, then the further launches of the small sizes
     (``launches``) in rounds of one per calibration. Two calibrations a few minutes apart differ by
     the host's drift as much as by their sampling (a sub-millisecond all-reduce moves by 10-15 %
     within seconds on this host); taking turns spreads both over the same minutes, so that one can
@@ -167,8 +142,7 @@ def calibrate_interleaved(
     of each calibration's sizes above ``LAUNCH_MAX_BYTES``, spread evenly among the further launches
     (``_spread``), so that the fit's and the check's large sizes are each the median of launches
     minutes apart: one launch of them may catch a slow stretch of the host (1 Gbit/s, 2026-11-27
-    05:40: a 181 MiB check read 9.50 ms/MiB, the other large sizes 9.02-9.08). Other arguments as
-    ``calibrate``."""
+    05:40: a 181 MiB check read 9.50 ms/MiB, the other large sizes 9.02-9.08)."""
     from trainsim.testbed.launch import run_json
     from trainsim.testbed.netns import Netns, NetnsUnavailable, netns_unavailable
 
