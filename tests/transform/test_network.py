@@ -127,6 +127,26 @@ def test_split_with_the_traced_network_model() -> None:
     assert sp.wait_of(int(sp.tasks[2])) == pytest.approx(700.0) and sp.wait_of(0) == 0.0
 
 
+def test_split_and_retime_with_a_collective_cost_model() -> None:
+    """Any ``CollectiveCost`` prices the traced network and the new one, not only a cluster file: a ring
+    all-reduce of 1 MB over 2 ranks on 1.25 GB/s moves 1 MB in 800 us, on 2.5 GB/s in 400 us; each
+    traced all-reduce keeps its rest (200, 400, 700 us) as waiting."""
+    from trainsim.cluster.collectives import AlphaBeta
+
+    old = AlphaBeta(Link(name="old", bw_gbyte_s=1.25, latency_us=0.0))
+    new = AlphaBeta(Link(name="new", bw_gbyte_s=2.5, latency_us=0.0))
+    g = _ddp_graph()
+    sp = split_collectives(g, old=old, ranks=2)
+    assert sp.method == "model" and "AlphaBeta" in sp.note
+    assert sp.transfer_us.tolist() == pytest.approx([800.0, 800.0, 800.0])
+    assert sp.wait_us.tolist() == pytest.approx([200.0, 400.0, 700.0])
+    g2 = retime_collectives(g, new=new, old=old, ranks=2, split=sp)
+    assert g2.dur_us[sp.tasks].tolist() == pytest.approx([600.0, 800.0, 1100.0])
+    # 4 ranks: 2 (p - 1) / p = 1.5 MB each, 1200 us: longer than the first all-reduce, all of it transfer
+    sp4 = split_collectives(g, old=old, ranks=4)
+    assert sp4.transfer_us.tolist() == pytest.approx([1000.0, 1200.0, 1200.0])
+
+
 def test_collectives_that_follow_each_other_form_one_busy_period() -> None:
     """The second all-reduce starts where the first ends (its compute overlapped): 2 MB in 1500 us
     (1333 B/us); with the third, alone, 1 MB in 1000 us, and the fourth, 1 MB in 1100 us, the median

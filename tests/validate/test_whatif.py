@@ -168,6 +168,64 @@ def test_the_simulated_change_is_anchored_on_the_timed_step(
     assert pred["simulated_ms"] == pytest.approx(float(np.median(whatif)))
 
 
+def _machine() -> Any:
+    """A machine calibration by hand: host line 100 us + 0.001 us/B per 2-rank all-reduce, links that
+    deliver 90 % of their rate at every size, sends 50 us + 0.0005 us/B."""
+    from trainsim.testbed import machine as mc
+
+    return mc.MachineCalibration(
+        machine=mc.identity(), version=mc.version(), created_at="2026-11-29T00:00:00+00:00", sizes_bytes=[1, 2],
+        loopback_us=[100.0, 100.0], host_a_us=100.0, host_b_us_per_byte=0.001,
+        shaped_rates_mbit=[], shaped_sizes_bytes=[], efficiency_grid=[], shaped_us=[], link_efficiency=0.9,
+        allgather_loopback_us=[], allgather_line=(80.0, 0.002), p2p_loopback_us=[], p2p_line=(50.0, 0.0005),
+        kernel_ms=0.4, corun_slowdown={"2": 1.05, "4": 2.1}, load_avg=0.1,
+    )  # fmt: skip
+
+
+def _ar_steps(durs: list[float], size: int) -> Any:
+    """One rank's steps: 20 ms of computation, then an all-reduce of ``size`` bytes lasting ``durs[i]``."""
+    from trainsim.graph.ir import GraphBuilder, ResourceKind, TaskKind
+
+    b = GraphBuilder()
+    cpu, ch = b.resource("cpu", ResourceKind.CPU_THREAD), b.resource("comm", ResourceKind.COMM_CHANNEL)
+    prev = None
+    for i, d in enumerate(durs):
+        x = b.task("forward_backward", TaskKind.CPU, cpu, 20_000.0, step=i, deps=[prev] if prev is not None else [])
+        prev = b.task("gloo:all_reduce", TaskKind.COMM, ch, d, step=i, deps=[x], size_bytes=size)
+    return b.build()
+
+
+def test_network_pair_prices_the_transfer_with_the_machine_calibration() -> None:
+    """4 ranks, 1 MB, 400 -> 800 Mbit/s. The calibrated model: host 3 x 100 + 0.001 x 1.5e6 = 1,800 us (the
+    ring's 6 steps and 1.5 MB per rank), wire 1.5e6 x 8 / (400 x 0.9) = 33,333 us, 35,133 in all; at 800
+    Mbit/s 1,800 + 16,667 = 18,467 us. An all-reduce traced at the model's time becomes 18,467; one
+    traced 10 ms longer (the host busy, a slow peer) keeps those 10 ms; a faster one scales by the
+    model's ratio. The old rule fitted the median all-reduce's rate on the trace and halved it all."""
+    from trainsim.graph.ir import TaskKind
+
+    model, ratio = 35_133.333, 18_466.667 / 35_133.333
+    g = _ar_steps([model, model + 10_000.0, 30_000.0], 1_000_000)
+    first = TracedRunConfig(model="mlp", world=4, rate_mbit=400.0)
+    pair = wi.Pair(kind="network", first=first, second=TracedRunConfig(model="mlp", world=4, rate_mbit=800.0))
+    comm = g.kind == TaskKind.COMM
+    g2 = wi.network_change(g, pair, _machine())
+    assert g2.dur_us[comm].tolist() == pytest.approx([18_466.667, 28_466.667, 30_000.0 * ratio], rel=1e-5)
+    assert g2.dur_us[~comm].tolist() == g.dur_us[~comm].tolist()
+    # without a calibration, the trace's own fit: every all-reduce over its period's median rate, halved
+    g3 = wi.network_change(g, pair)
+    assert g3.dur_us[comm].tolist() == pytest.approx([model / 2, model / 2 + 10_000.0, 15_000.0], rel=1e-5)
+
+
+def test_host_links_price_ddp_buffer_broadcasts() -> None:
+    """A broadcast (DDP's buffers) is ceil(log2 p) sends: 2 ranks one (50 + 0.0005 x 1000 us on loopback), 4
+    ranks two; an all-reduce is the calibration's."""
+    cal = _machine()
+    links = wi.HostLinks(cal.cost())
+    assert links.time_us("broadcast", 1000, 2) == pytest.approx(50.5)
+    assert links.time_us("broadcast", 1000, 4) == pytest.approx(101.0)
+    assert links.time_us("allreduce", 1000, 4) == pytest.approx(cal.allreduce_us(1000, world=4))
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--seed", "-1"], ["--pair", "nope"], ["--passes", "0"], ["--seed", "x"]],

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainsim.cluster.catalog import Link
-from trainsim.cluster.collectives import cluster_us, collective_us
+from trainsim.cluster.collectives import CollectiveCost, cluster_us, collective_us
 from trainsim.cluster.spec import ClusterSpec
 from trainsim.errors import UserError
 from trainsim.graph.ir import F64, I64, TaskGraph, TaskKind
@@ -46,6 +46,23 @@ _KIND_RX = (
     ("alltoall", re.compile(r"all_?to_?all|AllToAll", re.I)),
     ("allreduce", re.compile(r"all_?reduce|AllReduce", re.I)),
 )
+
+
+Network = ClusterSpec | CollectiveCost
+"""A network to price collectives on: a cluster file's ``ClusterSpec`` (its topology's all-reduce, the
+bottleneck link for the rest) or any ``CollectiveCost`` (e.g. the test host's calibrated links,
+``testbed.machine.MachineCalibration.cost``)."""
+
+
+def network_us(kind: str, size_bytes: float, net: Network, ranks: int | None = None) -> float:
+    """Time (µs) of one collective on ``net`` among ``ranks`` (default: a cluster's world, else 2)."""
+    if isinstance(net, ClusterSpec):
+        return cluster_us(kind, size_bytes, net, ranks)
+    return net.time_us(kind, size_bytes, ranks if ranks is not None else 2)
+
+
+def _describe(net: Network) -> str:
+    return net.source if isinstance(net, ClusterSpec) else getattr(net, "name", type(net).__name__)
 
 
 def collective_kind(name: str) -> str:
@@ -83,7 +100,7 @@ their time is mostly latency, not bandwidth."""
 # spread is the transfer's, not waiting. The fastest period would take that noise for skew.
 
 
-def split_collectives(g: TaskGraph, *, old: ClusterSpec | None = None, ranks: int | None = None) -> CommSplit:
+def split_collectives(g: TaskGraph, *, old: Network | None = None, ranks: int | None = None) -> CommSplit:
     """Split the sized ``COMM`` tasks of ``g`` into waiting and transfer (module docstring).
 
     1. Replay ``g``; the collectives of each process group that overlap or touch form busy periods.
@@ -101,7 +118,7 @@ def split_collectives(g: TaskGraph, *, old: ClusterSpec | None = None, ranks: in
         raise UserError(f"{g.source}: no communication task with a known size to split into waiting and transfer")
     res = simulate(g)
     start, end = res.start_us[tasks], res.end_us[tasks]
-    p = ranks if ranks is not None else (old.world_size if old is not None else 2)
+    p = ranks if ranks is not None else (old.world_size if isinstance(old, ClusterSpec) else 2)
     unit = Link(name="unit", bw_gbyte_s=1e-3, latency_us=0.0)  # 1 byte per µs: the model's time is its volume
     kinds = [collective_kind(g.task_name(int(t))) for t in tasks]
     size = g.size_bytes[tasks].astype(np.float64)
@@ -126,7 +143,7 @@ def split_collectives(g: TaskGraph, *, old: ClusterSpec | None = None, ranks: in
     p_vol = np.bincount(period, weights=vol, minlength=n_periods)
     # ---- 2. the transfer time of each period
     if old is not None:
-        model = np.array([cluster_us(k, float(s), old, ranks) for k, s in zip(kinds, size, strict=True)])
+        model = np.array([network_us(k, float(s), old, ranks) for k, s in zip(kinds, size, strict=True)])
         p_xfer = np.bincount(period, weights=model, minlength=n_periods).astype(np.float64)
         rate = float(p_vol.sum() / p_xfer.sum()) if p_xfer.sum() > 0 else float("inf")
         method = "model"
@@ -142,7 +159,7 @@ def split_collectives(g: TaskGraph, *, old: ClusterSpec | None = None, ranks: in
     wait = dur - transfer
     # 1 byte/µs = 1 MB/s
     how = (f"transfer fitted on the trace: {rate:.4g} MB/s of link bytes, the median of {n_periods} busy periods"
-           if old is None else f"transfer from the alpha-beta model of {old.source}")  # fmt: skip
+           if old is None else f"transfer from the model of the traced network ({_describe(old)})")  # fmt: skip
     steps = max(1, len(np.unique(g.step[tasks][g.step[tasks] >= 0])))
     note = (f"{how}; kept as measured skew (waiting for the peers): {wait.sum() / steps / 1e3:.3f} ms per step "
             f"of {dur.sum() / steps / 1e3:.3f} ms in collectives")  # fmt: skip
@@ -152,8 +169,8 @@ def split_collectives(g: TaskGraph, *, old: ClusterSpec | None = None, ranks: in
 def retime_collectives(
     g: TaskGraph,
     *,
-    new: ClusterSpec,
-    old: ClusterSpec | None = None,
+    new: Network,
+    old: Network | None = None,
     ranks: int | None = None,
     split: CommSplit | None = None,
 ) -> TaskGraph:
@@ -182,19 +199,19 @@ def retime_collectives(
         size = float(g.size_bytes[t])
         if size < 0:
             assert old is not None
-            base = cluster_us(kind, 0.0, old, ranks)
-            per_byte = (cluster_us(kind, 1e6, old, ranks) - base) / 1e6
+            base = network_us(kind, 0.0, old, ranks)
+            per_byte = (network_us(kind, 1e6, old, ranks) - base) / 1e6
             size = max(0.0, (float(dur[t]) - base) / per_byte) if per_byte > 0 else 0.0
-            dur[t] = cluster_us(kind, size, new, ranks)
+            dur[t] = network_us(kind, size, new, ranks)
             continue
-        t_new = cluster_us(kind, size, new, ranks)
-        dur[t] = max(0.0, dur[t] + t_new - cluster_us(kind, size, old, ranks)) if old is not None else t_new
+        t_new = network_us(kind, size, new, ranks)
+        dur[t] = max(0.0, dur[t] + t_new - network_us(kind, size, old, ranks)) if old is not None else t_new
     if split is not None:
         assert old is not None
         for t, w, x in zip(split.tasks.tolist(), split.wait_us.tolist(), split.transfer_us.tolist(), strict=True):
             kind, size = collective_kind(g.task_name(t)), float(g.size_bytes[t])
-            t_old = cluster_us(kind, size, old, ranks)
-            dur[t] = w + (x * cluster_us(kind, size, new, ranks) / t_old if t_old > 0 else x)
+            t_old = network_us(kind, size, old, ranks)
+            dur[t] = w + (x * network_us(kind, size, new, ranks) / t_old if t_old > 0 else x)
     return g.with_columns(dur_us=dur)
 
 

@@ -10,7 +10,8 @@ Per pair:
 
 1. run the first configuration; its trace (every rank's) is the only input of the prediction;
 2. predict the second one's step with the built-in what-if on that trace
-   (``transform.network.scale_network`` with the rate ratio, ``whatifs.fused_optimizer`` with the fused
+   (``network_change``: each collective's transfer, from the machine calibration's link model and at most
+   its traced time, re-timed for the new rate, its wait kept; ``whatifs.fused_optimizer`` with the fused
    kernel at the rate the machine calibration measured for it, ``testbed.machine.fused_kernel_gbps``,
    ``whatifs.batch_scale``) and the simulator, anchored on the first run's timed step so that the
    profiler's own overhead, which the untimed run does not pay, cancels (``ANCHOR``): for a link rate
@@ -190,10 +191,12 @@ def rank_median_ms(res: dict[str, Any]) -> list[float]:
     return [float(statistics.median(s)) for s in res["rank_step_ms"]]
 
 
-def whatif_graph(pair: Pair, trace: str, *, fused_gbps: Any = None) -> tuple[Any, Any]:
+def whatif_graph(pair: Pair, trace: str, *, fused_gbps: Any = None, machine: Any = None) -> tuple[Any, Any]:
     """``(replayed graph, what-if graph)`` of one rank's trace of ``pair.first``; ``fused_gbps``: the
     fused kernel's rate for ``whatifs.fused_optimizer`` (its ``kernel_gbps``: GB/s, or a function of the
-    parameter bytes, such as the machine calibration's ``fused_kernel_gbps``)."""
+    parameter bytes, such as the machine calibration's ``fused_kernel_gbps``); ``machine``: the machine
+    calibration (``testbed.machine.MachineCalibration``) whose links price a network pair's collectives
+    (``network_change``); without it, the transfer rate is fitted on the trace."""
     from trainsim.capture.kineto import read_trace
     from trainsim.graph.build import build_graph
     from trainsim.transform import whatifs
@@ -206,14 +209,55 @@ def whatif_graph(pair: Pair, trace: str, *, fused_gbps: Any = None) -> tuple[Any
         return g, whatifs.batch_scale(g, factor, trace=tr, batch_size=batch, param_shapes=shapes)
     if pair.kind == "fused-adam":
         return g, whatifs.fused_optimizer(g, tr, kernel_gbps=fused_gbps)
-    from trainsim.graph.ir import TaskKind
-    from trainsim.transform.network import scale_network, split_collectives
+    return g, network_change(g, pair, machine)
 
-    assert pair.first.rate_mbit is not None and pair.second.rate_mbit is not None
-    # as ``trainsim whatif --network-bw-factor`` does: only the transfer part of a collective scales, its
-    # wait for the peers is kept
-    split = split_collectives(g) if ((g.kind == TaskKind.COMM) & (g.size_bytes >= 0)).any() else None
-    return g, scale_network(g, bw_factor=pair.second.rate_mbit / pair.first.rate_mbit, split=split)
+
+def network_change(g: Any, pair: Pair, machine: Any = None) -> Any:
+    """The what-if of a network pair on one rank's graph ``g``: only the transfer part of a collective
+    changes with the link, its wait for the peers is kept (``transform.network.split_collectives``).
+
+    With ``machine`` (the machine calibration), the transfer is what the calibrated link model
+    (``MachineCalibration.cost``: the host's loopback line plus the bytes at the delivered rate) gives
+    for the collective's size, ranks and the first run's rate, at most the traced time; the rest of a
+    traced collective is kept as waiting, and the transfer is scaled by the model's new / old time.
+    Why: on this host 4 ranks share 2 cores, and while they all-reduce the host is busy (97-100 %,
+    ``benchmarks/probe_ring_ranks.py``), so the profiled steps' all-reduces run longer now and then
+    (318-410 ms after the last rank arrived, for 312-318 ms bare); a rate fitted on those steps took the
+    excess for transfer and halved it with the link (docs/log/whatif.md, 2026-11-29). The host's own
+    part of an all-reduce does not scale with the link either. Without ``machine``: as ``trainsim whatif
+    --network-bw`` does, a rate fitted on the trace's busy periods, every transfer divided by the rate
+    ratio."""
+    import numpy as np
+
+    from trainsim.graph.ir import TaskKind
+    from trainsim.transform.network import retime_collectives, scale_network, split_collectives
+
+    a, b = pair.first, pair.second
+    assert a.rate_mbit is not None and b.rate_mbit is not None
+    sized = bool(np.any((g.kind == TaskKind.COMM) & (g.size_bytes >= 0)))
+    if machine is not None and sized:
+        old = HostLinks(machine.cost(rate_mbit=a.rate_mbit, delay_ms=a.delay_ms))
+        new = HostLinks(machine.cost(rate_mbit=b.rate_mbit, delay_ms=b.delay_ms))
+        modelled = split_collectives(g, old=old, ranks=a.world)
+        return retime_collectives(g, new=new, old=old, ranks=a.world, split=modelled)
+    fitted = split_collectives(g, ranks=a.world) if sized else None
+    return scale_network(g, bw_factor=b.rate_mbit / a.rate_mbit, split=fitted)
+
+
+@dataclass(frozen=True, slots=True)
+class HostLinks:
+    """The machine calibration's links (``MachineCalibration.cost``) as a ``CollectiveCost`` for every
+    collective a DDP trace holds: a broadcast (DDP's buffers, each forward of a model with batch norm)
+    is ``ceil(log2 p)`` sends of the full size (a binomial tree, ``cluster.collectives.broadcast_us``);
+    the rest as the calibration prices them."""
+
+    cost: Any
+    """``testbed.machine.MachineCost``"""
+
+    def time_us(self, kind: str, size_bytes: float, group: int) -> float:
+        if kind == "broadcast":
+            return math.ceil(math.log2(max(group, 2))) * float(self.cost.time_us("p2p", size_bytes, group))
+        return float(self.cost.time_us(kind, size_bytes, group))
 
 
 ANCHOR = {"network": "add", "fused-adam": "scale", "batch": "scale"}
@@ -231,9 +275,10 @@ measured 0.6-1.04x their replayed traced steps (2026-11-29 rounds, docs/log/what
 """
 
 
-def predict_pair(pair: Pair, first: dict[str, Any], *, fused_gbps: Any = None) -> dict[str, Any]:
+def predict_pair(pair: Pair, first: dict[str, Any], *, fused_gbps: Any = None, machine: Any = None) -> dict[str, Any]:
     """The prediction of ``pair.second`` from the first run's result (traces and timed steps only);
-    ``fused_gbps`` as ``whatif_graph`` takes it (the command passes the machine calibration's)."""
+    ``fused_gbps`` and ``machine`` as ``whatif_graph`` takes them (the command passes the machine
+    calibration's)."""
     import numpy as np
 
     from trainsim.simulate.engine import simulate
@@ -242,7 +287,7 @@ def predict_pair(pair: Pair, first: dict[str, Any], *, fused_gbps: Any = None) -
     scale = ANCHOR[pair.kind] == "scale"
     predicted, simulated, deltas, ratios = [], [], [], []
     for r, trace in enumerate(first["traces"]):
-        g, g2 = whatif_graph(pair, trace, fused_gbps=fused_gbps)
+        g, g2 = whatif_graph(pair, trace, fused_gbps=fused_gbps, machine=machine)
         s1, s2 = simulate(g).step_ms, simulate(g2).step_ms
         ok = np.isfinite(s1) & np.isfinite(s2) & (s1 > 0)
         if not ok.any():
@@ -384,22 +429,31 @@ def whatif_command(quick: bool, seed: int | None, kinds: tuple[str, ...], passes
     kind_opts = "".join(f" --pair {k}" for k in kinds)
     predictor: Predictor = predict_pair
     calibration = _opcost_calibration()
-    if any(p.kind == "fused-adam" for p in pairs):
+    if any(p.kind in ("fused-adam", "network") for p in pairs):
         from functools import partial
 
         from trainsim.testbed.machine import load_machine, with_fused_kernel
 
         cal, cal_path = load_machine(log=log)
-        cal = with_fused_kernel(cal, cal_path, log=log)
-        predictor = partial(predict_pair, fused_gbps=cal.fused_kernel_gbps)
-        calibration["fused_kernel"] = {"file": str(cal_path), "created_at": cal.created_at,
-                                       "sizes_bytes": cal.fused_adam_sizes_bytes, "gbps": cal.fused_adam_gbps}  # fmt: skip
+        fused = any(p.kind == "fused-adam" for p in pairs)
+        if fused:
+            cal = with_fused_kernel(cal, cal_path, log=log)
+            calibration["fused_kernel"] = {"file": str(cal_path), "created_at": cal.created_at,
+                                           "sizes_bytes": cal.fused_adam_sizes_bytes, "gbps": cal.fused_adam_gbps}  # fmt: skip
+        if any(p.kind == "network" for p in pairs):
+            calibration["network"] = {"file": str(cal_path), "created_at": cal.created_at,
+                                      "host_us": [cal.host_a_us, cal.host_b_us_per_byte],
+                                      "shaped_rates_mbit": cal.shaped_rates_mbit,
+                                      "efficiency_grid": cal.efficiency_grid}  # fmt: skip
+        predictor = partial(predict_pair, fused_gbps=cal.fused_kernel_gbps if fused else None, machine=cal)
     meta = {"command": f"trainsim validate whatif{' --quick' if quick else ''} --seed {seed}{kind_opts} --passes {passes}",
             "quick": quick, "passes": passes, "machine": machine(), "notes": notes, "calibration": calibration,
             "method": "predicted = first run's median step + simulated change (network: what-if minus replay) or x "
                       "simulated ratio (fused-adam, batch: what-if over replay), medians over the first trace's steps, "
                       "slowest rank; simulated_ms = the what-if's step from the trace alone; the fused kernel "
-                      "at the machine calibration's rate (calibration.fused_kernel)"}  # fmt: skip
+                      "at the machine calibration's rate (calibration.fused_kernel); a collective's transfer from "
+                      "the machine calibration's link model (calibration.network), at most its traced time, "
+                      "scaled by the model's new / old time, the rest of it kept as waiting"}  # fmt: skip
     try:
         doc = run_pairs(pairs, path, seed=seed, passes=passes, log=log, meta=meta, predictor=predictor)
     except KeyboardInterrupt:
