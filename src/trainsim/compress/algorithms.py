@@ -290,7 +290,23 @@ class _Quant(Codec):
         return codes
 
 
-class TBQ(_Quant):
+class _Ternary(_Quant):
+    """2-bit codes of ``{-s, 0, +s}``; the scale ``s`` is the one header value."""
+
+    def _pack_ternary(self, up: Tensor, down: Tensor, wire: Tensor, ws: Workspace, n: int) -> None:
+        """Code 2 (+s) where ``up``, 0 (-s) where ``down``, else 1 (0), for ``n`` elements, packed into ``wire``."""
+        codes = self._codes(ws, n)
+        torch.sub(up.view(torch.uint8), down.view(torch.uint8), out=codes[:n])
+        codes[:n].add_(1)
+        self._pack(codes, wire, ws)
+
+    def _values(self, wire: Tensor) -> Tensor:
+        s = _header(wire, 1)
+        z = torch.zeros(1, device=wire.device)
+        return torch.cat([-s, z, s, z])
+
+
+class TBQ(_Ternary):
     """Threshold binary quantisation (Strom, Interspeech 2015), HiPress's 2-bit form.
 
     Elements with ``x >= t`` send ``+t``, ``x <= -t`` send ``-t``, the rest 0; what is not sent
@@ -319,18 +335,10 @@ class TBQ(_Quant):
         le = ws.get("le", n, torch.bool)
         torch.ge(x, t, out=ge)
         torch.le(x, -t, out=le)
-        codes = self._codes(ws, n)
-        torch.sub(ge.view(torch.uint8), le.view(torch.uint8), out=codes[:n])
-        codes[:n].add_(1)  # 0: -t, 1: 0, 2: +t
-        self._pack(codes, wire, ws)
-
-    def _values(self, wire: Tensor) -> Tensor:
-        t = _header(wire, 1)
-        z = torch.zeros(1, device=wire.device)
-        return torch.cat([-t, z, t, z])
+        self._pack_ternary(ge, le, wire, ws, n)
 
 
-class TernGrad(_Quant):
+class TernGrad(_Ternary):
     """TernGrad (Wen et al., NeurIPS 2017): stochastic ternary ``s * sign(x) * Bernoulli(|x|/s)``, s = max|x|.
 
     Unbiased; no error feedback by default. (The 2.5 sigma gradient clipping of the paper is left
@@ -352,15 +360,7 @@ class TernGrad(_Quant):
         torch.gt(x, u, out=gt)
         u.neg_()
         torch.lt(x, u, out=lt)
-        codes = self._codes(ws, n)
-        torch.sub(gt.view(torch.uint8), lt.view(torch.uint8), out=codes[:n])
-        codes[:n].add_(1)
-        self._pack(codes, wire, ws)
-
-    def _values(self, wire: Tensor) -> Tensor:
-        s = _header(wire, 1)
-        z = torch.zeros(1, device=wire.device)
-        return torch.cat([-s, z, s, z])
+        self._pack_ternary(gt, lt, wire, ws, n)
 
 
 class TernGradMinMax(_Quant):
