@@ -3,7 +3,7 @@
     python benchmarks/validate_quick.py                    # 3 rounds of dp, compress, ooo-dp, pipeline, whatif
     python benchmarks/validate_quick.py --rounds 1 --only whatif   # the others keep their last rounds
 
-Each round runs ``trainsim validate <name> --quick`` (fresh seeds, printed and stored, so every round
+Each round runs ``trainsim validate <name> --quick`` (with ``EXTRA``'s options; fresh seeds, printed and stored, so every round
 has its own drawn configurations) with the machine calibration already on disk
 (``trainsim validate calibrate`` first, on a quiet host). Writes every result document to
 docs/benchmarks/validate_quick_runs.json and a record docs/benchmarks/validate.quick.json: per run its
@@ -26,12 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 NAMES = ("dp", "compress", "ooo-dp", "pipeline", "whatif")
+EXTRA: dict[str, tuple[str, ...]] = {"pipeline": ("--passes", "5")}
+"""options beyond ``--quick``: the pipeline runs' spread comes from whole runs of 20-40 % slower
+computation, in spells of this shared host (2026-11-29: whole passes of one configuration 110 and
+150 ms, each run's own steps within a few %), so five passes (still under 3 minutes) give its
+median room for two such runs"""
 
 
 def run_one(name: str, tmp: Path, i: int) -> dict[str, Any]:
     out = tmp / f"{name}-{i}.json"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "trainsim", "validate", name, "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "trainsim", "validate", name, "--quick", *EXTRA.get(name, ()),
+                           "--out", str(out)],
                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     wall = time.monotonic() - t0
     if not out.exists():

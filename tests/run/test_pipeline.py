@@ -106,3 +106,21 @@ def test_segments_split_the_measured_steps_between_host_readings() -> None:
     assert segments(7, 3, 2) == [(3, 4), (1, 3)]
     assert segments(4, 2, 3) == [(2, 4)]  # at least 3 measured steps a segment
     assert segments(8, 0, 2) == [(0, 4), (0, 4)]
+
+
+@pytest.mark.multiproc
+def test_pinned_run_keeps_each_rank_on_its_own_core_and_times_its_parts() -> None:
+    cfg = PipeRunConfig(model="transformer", blocks=2, schedule="GPipe", microbatches=2, batch_size=8, steps=2,
+                        warmup=1, pin=True)  # fmt: skip
+    res = run_pipeline(cfg)
+    cores = [r["cores"] for r in res["ranks"]]
+    import os
+
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert all(len(c) == 1 for c in cores) and cores[0] != cores[1]
+        assert all(r["pin_error"] is None for r in res["ranks"])
+    for r in res["ranks"]:
+        comp, parts = r["compute_ms_per_step"], r["step_parts_ms_per_step"]
+        # the runtime's step call holds the stages' compute calls; the optimizer runs after it
+        assert parts["runtime"] >= comp["F"] + comp["B"] > 0 and parts["optimizer"] > 0
+        assert {"minor_faults", "major_faults", "involuntary_switches"} <= set(r["rusage_per_step"])

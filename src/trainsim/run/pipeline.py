@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -65,6 +66,8 @@ class PipeRunConfig:
     """fault injection for tests: this rank exits with code 3 at step 1"""
     hollow: bool = False
     """the zoo's hollow transformer (``ZooSpec.hollow``): the runtime's own costs, almost no compute"""
+    pin: bool = False
+    """keep each rank, and the threads gloo starts for it, on one core (``run.ranks.pin_to_core``)"""
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", tuple(self.split))
         if self.hollow and self.model != "transformer":
@@ -132,7 +135,7 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     from trainsim.transform.pipeline import make_runtime
 
     spec = cfg.pipe_spec()
-    init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s)
+    pin_error = init_gloo(rank, cfg.n_ranks, master, port, cfg.timeout_s, pin=cfg.pin)
     model, batches = build_with_batches(cfg.model, seed=cfg.seed, spec=cfg.zoo_spec())
     children = list(model.children())
     s2r = spec.stage_to_rank()
@@ -155,6 +158,9 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
     main_ms: list[float] = []  # this (the compute) thread's CPU time
     clock = ThreadClock()  # every thread's CPU and run-queue wait over the measured steps
     inside_ms: dict[str, float] = {}
+    faults: dict[str, int] = {}  # page faults and involuntary context switches over the measured steps
+    parts: dict[str, float] = {}  # seconds in the runtime's step call and in the optimizer update
+    parts_ms: dict[str, float] = {}
     step = 0
 
     def pipeline_step() -> None:
@@ -165,9 +171,14 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
         mb_losses: list[torch.Tensor] = []
         args = (x,) if has_first else ()
         kw: dict[str, Any] = {"target": y, "losses": mb_losses} if has_last else {}
+        t0 = time.perf_counter()
         rt.step(*args, **kw)
+        t1 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        parts["runtime"] = parts.get("runtime", 0.0) + t1 - t0
+        parts["optimizer"] = parts.get("optimizer", 0.0) + t2 - t1
         if has_last:
             losses.append(float(torch.stack(mb_losses).mean()))
         step += 1
@@ -176,16 +187,24 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
         for _ in range(warm):
             pipeline_step()
         inside.clear()
+        parts.clear()
         p2p.clear()
         p2p_ops.clear()
         stamps = [(time.perf_counter(), time.process_time(), time.thread_time())]
+        use0 = resource.getrusage(resource.RUSAGE_SELF)
         clock.start()
         for _ in range(n):
             pipeline_step()
             stamps.append((time.perf_counter(), time.process_time(), time.thread_time()))
         clock.stop()
+        use1 = resource.getrusage(resource.RUSAGE_SELF)
+        for k, a, b in (("minor_faults", use0.ru_minflt, use1.ru_minflt), ("major_faults", use0.ru_majflt, use1.ru_majflt),
+                        ("involuntary_switches", use0.ru_nivcsw, use1.ru_nivcsw)):  # fmt: skip
+            faults[k] = faults.get(k, 0) + b - a
         for k, v in inside.items():
             inside_ms[k] = inside_ms.get(k, 0.0) + 1e3 * v
+        for k, v in parts.items():
+            parts_ms[k] = parts_ms.get(k, 0.0) + 1e3 * v
         for k, v in p2p.items():
             p2p_ms[k] = p2p_ms.get(k, 0.0) + 1e3 * v
         for k, v in p2p_ops.items():
@@ -205,9 +224,12 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
                 "compute_ms_per_step": {k: v / cfg.steps for k, v in inside_ms.items()},
                 "p2p_ms_per_step": {k: v / cfg.steps for k, v in p2p_ms.items()},
                 "p2p_ops_per_step": {k: v / cfg.steps for k, v in ops.items()},
+                "step_parts_ms_per_step": {k: v / cfg.steps for k, v in parts_ms.items()},
+                "rusage_per_step": {k: v / cfg.steps for k, v in faults.items()},
                 "threads": clock.per_step(cfg.steps),
                 "order": [str(a) for a in rt.pipeline_order_with_comms[rank]],
                 "cores": sorted(os.sched_getaffinity(0)),
+                "pin_error": pin_error,
             }
         )
     )

@@ -8,8 +8,8 @@ The protocol of ``trainsim.validate.protocol``, per configuration ``(schedule, s
 microbatches, model, link)``:
 
 1. **profile** the model in one process, as a user would: the per-layer profile at every microbatch
-   size (``capture.layerprofile.profile_layers``) and torch's pipeline runtime's own cost per compute
-   action on one stage without communication (``capture.layerprofile.pipeline_action_overhead_us``);
+   size (``capture.layerprofile.profile_layers``) and torch's pipeline runtime's own time per compute
+   action outside the stage's compute calls, on one stage without communication (``runtime_dispatch_us``);
    no schedule runs, no communication;
 2. **predict** each configuration by replaying the lowered action order of the schedule
    (``transform.pipeline.predict_pipeline``; the stage split is the plan's, ``choose_split``) with a
@@ -21,7 +21,8 @@ microbatches, model, link)``:
    that share this host computing ``MachineCalibration.slowdown(2)`` slower while both compute;
 3. **freeze** every prediction in the result file (``predictions_frozen_at``);
 4. **measure** each configuration with ``trainsim.run.pipeline`` (torch's own runtime, the same action
-   order), once per pass, interleaved, ``--passes`` passes. What a run reads about itself (its step
+   order; each rank and its gloo threads on a core of their own, ``PIN_RANKS``), once per pass,
+   interleaved, ``--passes`` passes. What a run reads about itself (its step
    median and minimum, how long its threads waited for a core, the wall time of posting a send or a
    receive) goes to that pass's ``diagnostics``, never into a prediction.
 
@@ -54,6 +55,7 @@ from trainsim.validate.protocol import ConfigRunner, protocol_options
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
     from trainsim.graph.ir import TaskGraph
+    from trainsim.run.pipeline import PipeRunConfig
     from trainsim.simulate.engine import SimResult
     from trainsim.testbed.machine import MachineCalibration
     from trainsim.transform.pipeline import P2PLink
@@ -73,6 +75,11 @@ DRAW_BLOCKS = (3, 4, 5, 6, 8)
 DRAW_MICROBATCHES = (2, 4, 8, 16)
 """drawn microbatch counts (each divides the batch of 32)"""
 RANKS = 2
+PIN_RANKS = True
+"""the real runs keep each rank on a core of its own (``run.ranks.pin_to_core``): unpinned, the two
+ranks' threads migrate between this host's two cores and the runs of one configuration spread wider
+(GPipe M=4 x6 at 1000 Mbit/s, 2026-11-29: unpinned 122-184 ms over three runs, pinned 110-112 ms in
+three of four; posting a transfer 1.2-1.5 ms per step pinned, 2.6-8.4 unpinned)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,13 +166,81 @@ class CaseProfile:
 
 def profile_case(case: PipeCase) -> CaseProfile:
     """Step 1 of the module docstring (one process, before any real run)."""
-    from trainsim.capture.layerprofile import pipeline_action_overhead_us, profile_layers
+    from trainsim.capture.layerprofile import profile_layers
 
     ms = sorted({m for _, _, m in case.configs()})
     micro = tuple(sorted({case.batch_size // m for m in ms}))
     prof = profile_layers(case.model, batch_sizes=micro, reps=20, zoo=case.zoo())
-    over = {m: pipeline_action_overhead_us(prof, case.batch_size // m, microbatches=m, zoo=case.zoo()) for m in ms}
+    over = {m: runtime_dispatch_us(prof, case.batch_size // m, microbatches=m, zoo=case.zoo()) for m in ms}
     return CaseProfile(prof, over)
+
+
+def dispatch_per_action_us(step_s: float, chunk_s: float, loss_us: float, microbatches: int) -> float:
+    """The runtime's own time per compute action (µs) from one step of ``2 * microbatches`` actions (F
+    then B per microbatch) on one stage: the step's wall time (``step_s``) less the time inside the
+    stage's compute calls (``chunk_s``) and less the loss, which the profile already charges to the
+    last stage's F (``loss_us`` per microbatch)."""
+    if microbatches < 1 or step_s < 0 or chunk_s < 0:
+        raise UserError(f"step_s={step_s}, chunk_s={chunk_s}, microbatches={microbatches}; expected >= 0 and >= 1")
+    return max(0.0, (1e6 * (step_s - chunk_s) - microbatches * loss_us) / (2 * microbatches))
+
+
+def runtime_dispatch_us(prof: LayerProfile, micro_bs: int, *, microbatches: int, zoo: dict[str, Any] | None = None,
+                        reps: int = 6) -> float:  # fmt: skip
+    """What torch's pipeline runtime spends per compute action outside the stage's compute calls,
+    measured in one process as a user would (no schedule, no communication): the whole model as one
+    ``PipelineStage`` in a 1-rank gloo group, ``microbatches`` forwards then as many full backwards per
+    step, the stage's ``forward_one_chunk`` / ``backward_one_chunk`` timed inside the step
+    (``run.pipeline._time_stage_calls``); the median over ``reps`` steps of ``dispatch_per_action_us``.
+
+    The step and its parts are timed in the same call, so a slow spell of the host moves both; the
+    older reference, a LayerTape loop timed beside the runtime (``capture.layerprofile.
+    pipeline_action_overhead_us``), ran 3-8 % slower than the profile's own per-layer medians, so the
+    runtime's 190-300 µs per action (transformer x6, 4 and 8 microbatches, 2026-11-29) came out
+    negative and was clipped to 0 in every run of the 14:27 validation."""
+    import datetime
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+
+    from trainsim.models.zoo import ZooSpec, build_with_batches
+    from trainsim.run.pipeline import _time_stage_calls
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(prof.threads)
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=60))  # fmt: skip
+    try:
+        model, batches = build_with_batches(prof.model, spec=ZooSpec(batch_size=micro_bs * microbatches, **(zoo or {})))
+        stage = PipelineStage(model, 0, 1, torch.device("cpu"))
+        inside = _time_stage_calls([stage])
+        rt = _PipelineScheduleRuntime([stage], microbatches, loss_fn=nn.CrossEntropyLoss())
+        kinds = (_ComputationType.FORWARD, _ComputationType.FULL_BACKWARD)
+        order: Any = {0: [_Action(0, k, m) for k in kinds for m in range(microbatches)]}
+        rt.pipeline_order = dict(order)
+        rt._prepare_schedule_with_comms(order)
+        per: list[float] = []
+        for rep in range(reps + 2):
+            x, y = batches(rep)
+            inside.clear()
+            t0 = time.perf_counter()
+            rt.step(x, target=y, losses=[])
+            step_s = time.perf_counter() - t0
+            model.zero_grad(set_to_none=True)
+            if rep >= 2:  # the first two steps warm the runtime up
+                chunk_s = inside.get("F", 0.0) + inside.get("B", 0.0)
+                per.append(dispatch_per_action_us(step_s, chunk_s, prof.loss_us(micro_bs), microbatches))
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+        torch.set_num_threads(old)
+    return float(statistics.median(per))
 
 
 def predict_config(case: PipeCase, cp: CaseProfile, mc: MachineCalibration, name: str, spr: int, m: int) -> dict[str, Any]:
@@ -267,7 +342,7 @@ def ranking_same_m(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def real_runner(*, steps: int, warmup: int, shaped: bool) -> Iterator[Runner]:
     """A runner of real ``run.pipeline`` jobs, one gloo process per namespace of an emulated network
     of each configuration's link (``validate.ooo.emulated_links``)."""
-    from trainsim.run.pipeline import PipeRunConfig, run_pipeline
+    from trainsim.run.pipeline import run_pipeline
     from trainsim.run.ranks import free_port, run_queue_ms
     from trainsim.validate.ooo import emulated_links
 
@@ -275,10 +350,7 @@ def real_runner(*, steps: int, warmup: int, shaped: bool) -> Iterator[Runner]:
 
         def run(cfg: dict[str, Any], p: int) -> tuple[float, dict[str, Any]]:
             popen, master = link(cfg["rate_mbit"], cfg["delay_ms"])
-            job = PipeRunConfig(model=cfg["model"], schedule=cfg["schedule"], stages_per_rank=cfg["stages_per_rank"],
-                                microbatches=cfg["microbatches"], batch_size=cfg["batch_size"], split=tuple(cfg["split"]),
-                                blocks=cfg["blocks"], steps=steps, warmup=warmup)  # fmt: skip
-            got = run_pipeline(job, popen=popen, master=master, port=free_port())
+            got = run_pipeline(run_config(cfg, steps=steps, warmup=warmup), popen=popen, master=master, port=free_port())
             waited = run_queue_ms([r.get("threads", {}) for r in got["ranks"]])
             return got["step_ms"], {"step_median_ms": round(got["step_median_ms"], 3),
                                     "step_min_ms": round(got["step_min_ms"], 3),
@@ -286,6 +358,15 @@ def real_runner(*, steps: int, warmup: int, shaped: bool) -> Iterator[Runner]:
                                     "post_us": post_us_per_op(got["ranks"])}  # fmt: skip
 
         yield run
+
+
+def run_config(cfg: dict[str, Any], *, steps: int, warmup: int) -> PipeRunConfig:
+    """The real run of one configuration (a row's ``config``), ranks pinned as ``PIN_RANKS`` says."""
+    from trainsim.run.pipeline import PipeRunConfig
+
+    return PipeRunConfig(model=cfg["model"], schedule=cfg["schedule"], stages_per_rank=cfg["stages_per_rank"],
+                         microbatches=cfg["microbatches"], batch_size=cfg["batch_size"], split=tuple(cfg["split"]),
+                         blocks=cfg["blocks"], steps=steps, warmup=warmup, pin=PIN_RANKS)  # fmt: skip
 
 
 def post_us_per_op(ranks: list[dict[str, Any]]) -> list[dict[str, float]]:
