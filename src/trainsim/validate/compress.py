@@ -299,8 +299,8 @@ def run_validation(
     """Profile every model and codec, predict every configuration and freeze the predictions in
     ``out``, then run them ``passes`` times, interleaved; return the finished document (the first
     ``n_fixed`` configurations are the fixed ones, the rest ``held_out``)."""
-    from trainsim.validate.dp import _workdir, note_out_of_sync, profile_models
-    from trainsim.validate.protocol import config_row, interleave, open_result
+    from trainsim.validate.dp import _workdir, measure_frozen, profile_models
+    from trainsim.validate.protocol import config_row, open_result
 
     res = open_result(out, name="compress", seed=seed, passes=passes, meta=meta)
     n_fixed = len(configs) if n_fixed is None else n_fixed
@@ -326,20 +326,13 @@ def run_validation(
             plan_files.append(None if plan_file is None else str(plan_file))
             pred = predict_ms(profs[c.model_key], c, mcal, cost, shapes[c.model_key], plan)
             rows.append(config_row(c, i, n_fixed, {**pred, "steps": measured_steps(steps, pred["predicted_ms"])}))
-        res.freeze(rows)  # every prediction on disk before the first real run
-        log(f"{len(rows)} predictions frozen in {out}")
 
-        def run_one(i: int, _pass: int) -> tuple[float, dict[str, Any]]:
-            row = res.doc["runs"][i]
+        def run(i: int, row: dict[str, Any]) -> tuple[float, dict[str, Any]]:
             if runner is not None:
-                step, diag = runner(configs[i], row)
-            else:
-                step, diag = run_config(configs[i], steps=row["steps"], warmup=warmup, plan_file=plan_files[i],
-                                        netns=netns)  # fmt: skip
-            note_out_of_sync(res, configs[i].label(), diag)
-            return step, diag
+                return runner(configs[i], row)
+            return run_config(configs[i], steps=row["steps"], warmup=warmup, plan_file=plan_files[i], netns=netns)
 
-        return interleave(res, run_one, passes=passes, log=log)
+        return measure_frozen(res, rows, configs, run, passes=passes, log=log)
 
 
 @click.command("compress")

@@ -41,7 +41,7 @@ import random
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -383,7 +383,7 @@ def run_validation(
     them ``passes`` times, interleaved (``protocol.interleave``); return the finished document. The
     first ``n_fixed`` configurations (default all) are the fixed ones, the rest drawn (``held_out``).
     ``profiler`` and ``runner`` default to the real ones (``profile_model``, ``run_config``)."""
-    from trainsim.validate.protocol import config_row, interleave, open_result
+    from trainsim.validate.protocol import config_row, open_result
 
     res = open_result(out, name="dp", seed=seed, passes=passes, meta=meta)
     n_fixed = len(configs) if n_fixed is None else n_fixed
@@ -393,17 +393,29 @@ def run_validation(
             log(f"  {key[0]}: {prof.plain_ms:.1f} ms/step; DDP's own work {prof.ddp_overhead_ms:.1f} ms, "
                 f"the P3 runtime's {prof.p3_overhead_ms:.1f} ms")  # fmt: skip
         rows = [config_row(c, i, n_fixed, predict_ms(profs[c.model_key], c, mcal)) for i, c in enumerate(configs)]
-        res.freeze(rows)  # every prediction on disk before the first real run
-        log(f"{len(rows)} predictions frozen in {out}")
         real = runner or (lambda c, row: run_config(c, steps=steps, warmup=warmup, agree_rounds=row["agree_rounds"],
                                                     netns=netns))  # fmt: skip
+        return measure_frozen(res, rows, configs, lambda i, row: real(configs[i], row), passes=passes, log=log)
 
-        def run_one(i: int, _pass: int) -> tuple[float, dict[str, Any]]:
-            step, diag = real(configs[i], res.doc["runs"][i])
-            note_out_of_sync(res, configs[i].label(), diag)
-            return step, diag
 
-        return interleave(res, run_one, passes=passes, log=log)
+def measure_frozen(
+    res: Any, rows: list[dict[str, Any]], configs: Sequence[Any],
+    run: Callable[[int, dict[str, Any]], tuple[float, dict[str, Any]]], *, passes: int, log: Callable[[str], None],
+) -> dict[str, Any]:  # fmt: skip
+    """Freeze ``rows`` (one per configuration) in ``res`` (a ``protocol.ResultFile``), then run
+    configuration ``i`` with ``run(i, its frozen row)`` ``passes`` times, interleaved
+    (``protocol.interleave``), noting any run whose ranks ended out of sync; the finished document."""
+    from trainsim.validate.protocol import interleave
+
+    res.freeze(rows)  # every prediction on disk before the first real run
+    log(f"{len(rows)} predictions frozen in {res.path}")
+
+    def run_one(i: int, _pass: int) -> tuple[float, dict[str, Any]]:
+        step, diag = run(i, res.doc["runs"][i])
+        note_out_of_sync(res, configs[i].label(), diag)
+        return step, diag
+
+    return interleave(res, run_one, passes=passes, log=log)
 
 
 def profile_models(keys: set[tuple[str, int, int]], wd: Path, profiler: Profiler | None, *, steps: int,
