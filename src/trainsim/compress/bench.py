@@ -31,7 +31,7 @@ DEFAULT_SIZES = [1 << 20, 1 << 24, 1 << 26]  # 1M, 16M, 64M fp32 elements
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"powersgd": {"rank": 1}}
 
 
-def _time(fn: Callable[[], None], repeats: int) -> float:
+def median_ms(fn: Callable[[], Any], repeats: int) -> float:
     """Median wall time of ``fn`` in ms, after one warm-up call."""
     fn()
     times = []
@@ -47,8 +47,8 @@ def bench_algorithm(name: str, numel: int, repeats: int, **options: Any) -> dict
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     wire = comp.new_wire(numel)
     out = torch.empty(numel)
-    enc_ms = _time(lambda: comp.compress_into(x, wire, "g"), repeats)
-    dec_ms = _time(lambda: comp.decompress_into(wire, out, "g"), repeats)
+    enc_ms = median_ms(lambda: comp.compress_into(x, wire, "g"), repeats)
+    dec_ms = median_ms(lambda: comp.decompress_into(wire, out, "g"), repeats)
     total = enc_ms + dec_ms
     return {
         "algorithm": comp.codec.describe() if options else name,
@@ -69,7 +69,7 @@ def bench_torch_fp16(numel: int, repeats: int) -> dict[str, Any]:
         compressed = buf.to(torch.float16).div_(1)  # default_hooks._compress_hook, world size 1
         buf.copy_(compressed)  # its decompress callback
 
-    ms = _time(step, repeats)
+    ms = median_ms(step, repeats)
     return {"algorithm": "torch fp16_compress_hook step", "numel": numel, "error_feedback": False,
             "encode_ms": ms, "decode_ms": 0.0, "gbps": 4 * numel / (ms * 1e6),
             "wire_bytes": 2 * numel, "ratio": 0.5}  # fmt: skip
@@ -94,7 +94,7 @@ def bench_torch_powersgd(numel: int, repeats: int, rank: int = 1) -> dict[str, A
         torch.bmm(p, q.transpose(1, 2), out=m)
         state["error"] = cp - m
 
-    ms = _time(step, repeats)
+    ms = median_ms(step, repeats)
     wire = 4 * rank * 2 * side
     return {"algorithm": f"torch powerSGD_hook step (rank {rank})", "numel": side * side,
             "error_feedback": True, "encode_ms": ms, "decode_ms": 0.0,

@@ -31,9 +31,7 @@ user may edit: one entry per gradient with ``compress`` and ``partitions``.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,16 +271,6 @@ def plan_gradients(
 CAL_SIZES = [1 << 10, 1 << 13, 1 << 16, 1 << 18, 1 << 20, 1 << 22]
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
-
-
 def calibrate_codec(
     algorithm: str, sizes: Sequence[int] = CAL_SIZES, repeats: int = 5, **options: Any
 ) -> dict[str, Any]:
@@ -293,6 +281,7 @@ def calibrate_codec(
     import torch
 
     from trainsim.compress import make
+    from trainsim.compress.bench import median_ms
 
     comp = make(algorithm, **options)
     enc: list[float] = []
@@ -303,10 +292,10 @@ def calibrate_codec(
         x = torch.randn(n)
         wire = comp.new_wire(n)
         out = torch.empty(n)
-        enc.append(_median_ms(functools.partial(comp.compress_into, x, wire, n), repeats))
-        dec.append(_median_ms(functools.partial(comp.decompress_into, wire, out, n), repeats))
-        add.append(_median_ms(functools.partial(out.add_, x), repeats))
-        acc.append(_median_ms(functools.partial(comp.decompress_into, wire, out, n, accumulate=True), repeats))
+        enc.append(median_ms(functools.partial(comp.compress_into, x, wire, n), repeats))
+        dec.append(median_ms(functools.partial(comp.decompress_into, wire, out, n), repeats))
+        add.append(median_ms(functools.partial(out.add_, x), repeats))
+        acc.append(median_ms(functools.partial(comp.decompress_into, wire, out, n, accumulate=True), repeats))
     n_max = max(sizes)
     return {
         "enc": Linear.fit(sizes, enc),
@@ -339,6 +328,8 @@ def calibrate_comm(
     import torch
     import torch.distributed as dist
 
+    from trainsim.compress.bench import median_ms
+
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     res: dict[str, list[float]] = {"gather": [], "bcast": [], "send": []}
     for nbytes in sizes:
@@ -361,7 +352,7 @@ def calibrate_comm(
 
         for name, fn in (("gather", gather), ("bcast", bcast), ("send", hop)):
             dist.barrier(group=group)
-            ms = _median_ms(fn, repeats)
+            ms = median_ms(fn, repeats)
             agreed = torch.tensor([ms])
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank decides
             res[name].append(float(agreed[0]))
