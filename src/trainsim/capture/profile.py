@@ -143,46 +143,60 @@ def sidecar_path(trace: str | Path) -> Path:
     return p.with_name(base + ".trainsim.json")
 
 
+def record_steps(step: Callable[[int], None], total: int, *, warmup: int, out: Path, cuda: bool = False) -> None:
+    """Run ``step(0)`` .. ``step(total - 1)`` under ``torch.profiler`` (CPU activity, and CUDA with
+    ``cuda``; input shapes recorded), keeping all but the first ``warmup`` steps, and write the Kineto
+    trace to ``out`` (gzip-compressed when it ends in ``.gz``) atomically."""
+    import torch
+    from torch.profiler import ProfilerActivity, schedule
+
+    raw = out.with_name(out.name + ".tmp.json")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(
+        activities=acts,
+        schedule=schedule(wait=0, warmup=warmup, active=total - warmup, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+        record_shapes=True,
+    ) as prof:
+        for k in range(total):
+            step(k)
+            prof.step()
+    data = raw.read_bytes()
+    tmp = out.with_name(out.name + ".partial")
+    tmp.write_bytes(gzip.compress(data, compresslevel=5) if out.name.endswith(".gz") else data)
+    tmp.replace(out)
+    raw.unlink(missing_ok=True)
+
+
 def profile(cfg: ProfileConfig, progress: Callable[[int, int], None] | None = None) -> Path:
     """Run ``warmup + steps`` SGD steps under the profiler; return the trace path."""
     import torch
-    from torch.profiler import ProfilerActivity, schedule
 
     torch.set_num_threads(cfg.threads)
     model, batch = load_model(cfg.model, cfg.batch_size, cfg.seed)
     layers = _annotate_layers(model)
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
     loss_fn = torch.nn.CrossEntropyLoss()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if cuda:
         model = model.cuda()
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     total = cfg.warmup + cfg.steps
-    raw = out.with_name(out.name + ".tmp.json")
-    with torch.profiler.profile(
-        activities=acts,
-        schedule=schedule(wait=0, warmup=cfg.warmup, active=cfg.steps, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
-        record_shapes=True,
-    ) as prof:
-        for step in range(total):
-            x, y = batch(step)
-            if torch.cuda.is_available():
-                x, y = x.cuda(), y.cuda()
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            loss.detach().item()  # the usual per-step sync point
-            prof.step()
-            if progress:
-                progress(step + 1, total)
-    data = raw.read_bytes()
-    tmp = out.with_name(out.name + ".partial")
-    tmp.write_bytes(gzip.compress(data, compresslevel=5) if out.name.endswith(".gz") else data)
-    tmp.replace(out)
-    raw.unlink(missing_ok=True)
+
+    def step(k: int) -> None:
+        x, y = batch(k)
+        if cuda:
+            x, y = x.cuda(), y.cuda()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.detach().item()  # the usual per-step sync point
+        if progress:
+            progress(k + 1, total)
+
+    record_steps(step, total, warmup=cfg.warmup, out=out, cuda=cuda)
     side = sidecar(model, layers, cfg.model, cfg.batch_size)
     side["steps"] = cfg.steps
     side["optimizer"] = cfg.optimizer

@@ -20,7 +20,6 @@ by rank), ``config`` and ``allocator`` (what ``keep_freed_memory`` did on the ra
 from __future__ import annotations
 
 import contextlib
-import gzip
 import itertools
 import json
 import math
@@ -161,9 +160,8 @@ def _network(cfg: TracedRunConfig, network: Network | None) -> Iterator[tuple[An
 def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, schedule
 
-    from trainsim.capture.profile import _annotate_layers, make_optimizer, sidecar, sidecar_path
+    from trainsim.capture.profile import _annotate_layers, make_optimizer, record_steps, sidecar, sidecar_path
     from trainsim.models import zoo
     from trainsim.run.ranks import init_gloo
 
@@ -207,21 +205,8 @@ def _worker(rank: int, master: str, port: int, wcfg: _WorkerConfig) -> dict[str,
         marks.append(time.perf_counter())
     step_ms = [(b - a) * 1e3 for a, b in itertools.pairwise(marks)]
     prefault_heap()  # the profiled steps then take no page faults that the timed ones did not
-    out = Path(wcfg.out)
-    raw = out / f"rank{rank}.tmp.json"
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        schedule=schedule(wait=0, warmup=1, active=cfg.profiled, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
-        record_shapes=True,
-    ) as prof:
-        for _ in range(cfg.profiled + 1):
-            step(i)
-            i += 1
-            prof.step()
-    trace = out / f"rank{rank}.json.gz"
-    trace.write_bytes(gzip.compress(raw.read_bytes(), compresslevel=5))
-    raw.unlink()
+    trace = Path(wcfg.out) / f"rank{rank}.json.gz"
+    record_steps(lambda k: step(i + k), cfg.profiled + 1, warmup=1, out=trace)  # one profiler warm-up step
     side = sidecar(model, layers, cfg.model, cfg.batch_size)
     side.update(steps=cfg.profiled, optimizer=cfg.optimizer, rank=rank, world=cfg.world,
                 rate_mbit=cfg.rate_mbit, delay_ms=cfg.delay_ms, bucket_cap_mb=cfg.bucket_cap_mb)  # fmt: skip
