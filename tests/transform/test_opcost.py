@@ -92,3 +92,30 @@ def test_cache_sizes_come_from_sysfs_data_caches(tmp_path: Path) -> None:
     assert opcost._cache_bytes(2, tmp_path) == 2**20
     assert opcost._cache_bytes(None, tmp_path) == 32 * 2**20  # the last level
     assert opcost._cache_bytes(4, tmp_path) == 0 and opcost._cache_bytes(None, tmp_path / "none") == 0
+
+
+def cliff_table() -> opcost.OpCostTable:
+    """Elementwise only: 1 µs per KiB up to 64 KiB, then 4 µs per KiB (past a cache: streaming is slower)."""
+    axis = tuple(2**i for i in range(10, 21))
+    us = np.array([b / 1024 if b <= 2**16 else 64 + 4 * (b - 2**16) / 1024 for b in axis], np.float64)
+    return opcost.OpCostTable(axes={"elementwise": (axis,)}, us={"elementwise": us}, machine={"cpu": "fake"})
+
+
+def test_work_beyond_the_bytes_cost_scales_with_the_bytes() -> None:
+    """A memory-bound op traced at its table time follows the table; one traced slower than moving its
+    bytes costs does per-element work, and that share scales with the bytes, not along the cache curve."""
+    t = cliff_table()
+    old, new = [[2, 2**12]], [[4, 2**12]]  # 32 KiB read + 32 KiB written -> twice that
+    table = t.time_us("elementwise", [2**17]) / t.time_us("elementwise", [2**16])
+    assert table == pytest.approx(5.0)  # 64 µs -> 64 + 4 * 64 µs: the cliff
+    assert opcost.shape_ratio(t, "aten::relu", old, new) == pytest.approx(table)
+    assert opcost.shape_ratio(t, "aten::relu", old, new, traced_us=64.0) == pytest.approx(table)
+    assert opcost.shape_ratio(t, "aten::relu", old, new, traced_us=50.0) == pytest.approx(table)  # faster: table
+    # max pooling traced at 10x the bytes' cost: a tenth follows the table, the rest doubles with the bytes
+    pool = opcost.shape_ratio(t, "aten::max_pool2d_with_indices", [[2, 2**12], [], []], [[4, 2**12], [], []],
+                              traced_us=640.0)  # fmt: skip
+    assert pool == pytest.approx(0.1 * 5.0 + 0.9 * 2.0)
+    # kinds with their own compute tables ignore it
+    f = fake_table()
+    assert opcost.shape_ratio(f, "aten::mm", [[1024, 32], [32, 256]], [[1024, 64], [64, 256]],
+                              traced_us=1e9) == pytest.approx(2)  # fmt: skip

@@ -75,6 +75,28 @@ def test_batch_scale_follows_the_op_cost_model(tmp_path: Path) -> None:
         whatifs.batch_scale(g, 0.0, trace=tr, batch_size=batch, param_shapes=shapes, cost=fake_table())
 
 
+def test_batch_scale_keeps_per_element_work_linear(tmp_path: Path) -> None:
+    """A pooling op traced 20x slower than the table's cost of its bytes is work per element: at 3x the
+    batch it takes 3x its time plus the table's extra on its memory share, not the table's cliff."""
+    from tests.transform.test_opcost import cliff_table
+
+    t = TraceMaker()
+    t.step(1, 0, 2000)
+    t.cpu("aten::max_pool2d_with_indices", 10, 1280, **_dims([[B, 2**10], [], []]))  # 32 KiB in: 64 µs of bytes
+    t.cpu("aten::relu", 1400, 64, **_dims([[B, 2**10]]))  # at the table's cost
+    path = t.write(tmp_path / "pool.json")
+    (tmp_path / "pool.trainsim.json").write_text(json.dumps({"model": "fake", "batch_size": B, "params": []}))
+    tr, batch, shapes = whatifs.batch_context(path)
+    g = build_graph(tr)
+    g2 = whatifs.batch_scale(g, 3.0, trace=tr, batch_size=batch, param_shapes=shapes, cost=cliff_table())
+    cost = cliff_table()
+    table = cost.time_us("elementwise", [3 * 2**16]) / cost.time_us("elementwise", [2**16])
+    pool, relu = select(g, name="max_pool2d"), select(g, name="aten::relu")
+    assert g2.dur_us[relu].sum() == pytest.approx(table * g.dur_us[relu].sum())
+    assert g2.dur_us[pool].sum() == pytest.approx((0.05 * table + 0.95 * 3) * g.dur_us[pool].sum())
+    assert g2.dur_us[pool].sum() < 3.5 * g.dur_us[pool].sum() < table * g.dur_us[pool].sum()
+
+
 def test_whatif_batch_scale_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,8 @@ workload being predicted), interpolated in log space:
   sqrt(H W))`` (its kernel size and stride only change the level, which cancels in the ratio);
 - ``elementwise`` (memory-bound operators, ``ELEMENTWISE_OPS``): out-of-place ``torch.add`` (two reads,
   one newly allocated write) by bytes moved; a traced op moves the bytes of its tensor inputs plus
-  one output as large as its largest input.
+  one output as large as its largest input. A traced op slower than that (pooling, batch norm) scales
+  the excess with its bytes (``shape_ratio``'s ``traced_us``).
 
 Outside the grid, time is constant below the smallest size (a call there costs its dispatch) and
 linear in each size above the largest one (throughput-bound); each timed call reads fresh copies of its operands
@@ -263,13 +264,26 @@ def shape_ratio(
     new: Dims,
     types: Sequence[Any] | None = None,
     strides: Sequence[Any] | None = None,
+    traced_us: float | None = None,
 ) -> float | None:
     """``model(new) / model(old)`` for operator ``name``, None when it has no model. ``new`` keeps the
-    layout (``strides``) of ``old``."""
+    layout (``strides``) of ``old``.
+
+    ``traced_us``: the operator's traced time. A memory-bound kind's table (``elementwise``: an add) says
+    what moving the op's bytes costs; a traced op slower than that does per-element work besides (max
+    pooling's comparisons and indices, batch norm's statistics: on this project's CNN 8-20x the add's
+    time for their bytes), and that work grows with the elements, not along the table's cache and memory
+    curve. So the share ``f = min(1, model(old) / traced_us)`` takes the table's ratio and the rest the
+    ratio of the bytes: ``f * model(new) / model(old) + (1 - f) * bytes(new) / bytes(old)``."""
     a, b = model_point(name, old, types, strides), model_point(name, new, types, strides)
     if a is None or b is None or a[0] != b[0] or a[0] not in table.us:
         return None
-    return (b[2] * table.time_us(b[0], b[1])) / (a[2] * table.time_us(a[0], a[1]))
+    t_old, t_new = a[2] * table.time_us(a[0], a[1]), b[2] * table.time_us(b[0], b[1])
+    ratio = t_new / t_old
+    if a[0] == "elementwise" and traced_us is not None and traced_us > t_old:
+        share = t_old / traced_us
+        ratio = share * ratio + (1.0 - share) * (b[1][0] / a[1][0])
+    return ratio
 
 
 # --------------------------------------------------------------------------- calibration

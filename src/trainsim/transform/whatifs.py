@@ -484,7 +484,8 @@ def batch_scale(
        work, communication, launch and Python overheads) keeps its traced time.
     2. A batch-work CPU operator whose kind the machine's op cost model covers (``transform.opcost``:
        GEMMs, convolutions, memory-bound ops) takes ``traced time * model(new shapes) / model(old
-       shapes)``: the trace keeps its own level, the model gives the shape dependence (a GEMM on 32
+       shapes)`` (a memory-bound op slower than its bytes' cost: that excess in proportion to the
+       bytes, ``opcost.shape_ratio``'s ``traced_us``): the trace keeps its own level, the model gives the shape dependence (a GEMM on 32
        rows is far from twice one on 16: the weight is read once either way). New shapes: the batch
        dimension (the outermost in memory, i.e. largest stride) of every input not shaped like a
        parameter, when it equals ``batch_size``, times ``factor``.
@@ -536,7 +537,7 @@ def _op_ratio(op: Event, batch: int, factor: float, params: set[tuple[int, ...]]
         st = strides[i] if isinstance(strides, list) and i < len(strides) else None
         outer = int(np.argmax(st)) if isinstance(st, list) and len(st) == len(d) and st else 0
         new.append([x * factor if k == outer and x == batch else x for k, x in enumerate(d)])
-    r = shape_ratio(cost, op.name, dims, new, op.args.get("Input type"), strides)
+    r = shape_ratio(cost, op.name, dims, new, op.args.get("Input type"), strides, traced_us=op.dur)
     return factor if r is None or not np.isfinite(r) or r <= 0 else r
 
 
