@@ -22,8 +22,24 @@ def test_profile_step_charges_the_runtime_s_time_per_action() -> None:
     own medians and so read 0 for every configuration of the 14:27 UTC validation; the runtime's
     bookkeeping between its compute calls is never free."""
     case = pipeline.PipeCase(blocks=2, batch_size=16, pairs=(("GPipe", 1, 4),), rate_mbit=None)
-    cp = pipeline.profile_case(case)
+    cp = pipeline.profile_case(case, p2p=False)
     assert 20.0 < cp.action_overhead_us[4] < 5000.0
+    assert cp.p2p_action_us == 0.0
+
+
+@pytest.mark.multiproc
+def test_profile_step_measures_the_runtime_s_work_per_send_and_receive_on_a_generic_exchange() -> None:
+    """Two ranks on loopback exchange one activation-sized message at a time as the runtime posts them;
+    the work per action outside posting is never free, and far below a millisecond."""
+    from trainsim.run.pipeline import ExchangeConfig, run_exchange
+
+    got = run_exchange(ExchangeConfig(size_bytes=16_384, messages=40, warmup=5))
+    for kind in ("send", "recv"):
+        assert 0.5 < got[f"{kind}_book_us"] < 1000.0
+        assert got[f"{kind}_post_us"] > 0.0
+    assert all(len(r["send"]["book_us"]) == 40 for r in got["ranks"])
+    with pytest.raises(UserError, match="size_bytes=2"):
+        ExchangeConfig(size_bytes=2)
 
 
 def test_real_runs_pin_each_rank_to_a_core() -> None:

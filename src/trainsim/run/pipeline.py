@@ -315,7 +315,92 @@ def run_pipeline(
     }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExchangeConfig:
+    """A generic exchange of one message size between two ranks (no model, no schedule): what torch's
+    pipeline runtime does for each SEND and RECV action, timed apart from the posting call itself."""
+
+    size_bytes: int
+    messages: int = 120
+    warmup: int = 20
+    pin: bool = True
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.size_bytes < 4 or self.messages < 1 or self.warmup < 0:
+            raise UserError(f"exchange: size_bytes={self.size_bytes}, messages={self.messages}, warmup={self.warmup}; "
+                            "expected >= 4, >= 1, >= 0")  # fmt: skip
+
+
+def run_exchange(cfg: ExchangeConfig, *, popen: Popen = local_popen, master: str = "127.0.0.1",
+                 port: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run ``cfg`` on two ranks; per action kind (``send``, ``recv``) the median over the measured
+    messages of the runtime's own work per action outside posting (``book_us``) and of posting it
+    (``post_us``), the mean of the two ranks, and each rank's record."""
+    ranks = run_workers("trainsim.run.pipeline", cfg, 2, popen=popen, master=master, port=port,
+                        timeout_s=3 * cfg.timeout_s)  # fmt: skip
+    out: dict[str, Any] = {"ranks": ranks}
+    for kind in ("send", "recv"):
+        for part in ("book_us", "post_us"):
+            out[f"{kind}_{part}"] = statistics.fmean(statistics.median(r[kind][part]) for r in ranks)
+    return out
+
+
+def _exchange_worker(cfg: ExchangeConfig, rank: int, master: str, port: int, out: Path) -> None:
+    """Per message: this rank posts a RECV action, then a SEND action of the same size to its peer, as
+    the runtime's ``_perform_action`` does (its profiler range named after the action, the stage's
+    operation list built, ``schedules._batch_p2p`` posting it, the work handles kept); it waits for the
+    receive before the next message (the runtime waits before the compute that consumes it) and for
+    its sends at the end (as the runtime does at the end of its step)."""
+    import torch
+    import torch.distributed as dist
+    from torch.autograd.profiler import record_function
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    pin_error = init_gloo(rank, 2, master, port, cfg.timeout_s, pin=cfg.pin)
+    peer = 1 - rank
+    n = cfg.size_bytes // 4
+    x, buf = torch.ones(n), torch.empty(n)
+    recv_kind, send_kind = (_ComputationType.RECV_B, _ComputationType.SEND_F) if rank == 0 else (
+        _ComputationType.RECV_F, _ComputationType.SEND_B)  # fmt: skip
+    name = getattr(schedules, "_get_profiler_function_name", str)
+    times: dict[str, dict[str, list[float]]] = {k: {"book_us": [], "post_us": []} for k in ("send", "recv")}
+    recv_works: dict[tuple[int, int], list[Any]] = {}
+    send_works: list[list[Any]] = []
+
+    def action(kind: Any, mb: int, build: Any, keep: Any, label: str, measured: bool) -> None:
+        a = _Action(rank, kind, mb)
+        t0 = time.perf_counter()
+        with record_function(name(a)):
+            ops = build()
+            t1 = time.perf_counter()
+            works = schedules._batch_p2p(ops)
+            t2 = time.perf_counter()
+            keep(a, works)
+        t3 = time.perf_counter()
+        if measured:
+            times[label]["book_us"].append(1e6 * ((t1 - t0) + (t3 - t2)))
+            times[label]["post_us"].append(1e6 * (t2 - t1))
+
+    for i in range(cfg.warmup + cfg.messages):
+        measured = i >= cfg.warmup
+        action(recv_kind, i, lambda: [dist.P2POp(dist.irecv, buf, peer, None)],
+               lambda a, w: recv_works.__setitem__((a.stage_index, a.microbatch_index), w), "recv", measured)  # fmt: skip
+        action(send_kind, i, lambda: [dist.P2POp(dist.isend, x.detach(), peer, None)],
+               lambda a, w: send_works.append(w), "send", measured)  # fmt: skip
+        schedules._wait_batch_p2p(recv_works.pop((rank, i)))
+    while send_works:
+        schedules._wait_batch_p2p(send_works.pop())
+    dist.barrier()
+    out.write_text(json.dumps({"rank": rank, "pin_error": pin_error, **times}))
+    dist.destroy_process_group()
+
+
 def _rank(cfg: dict[str, Any], rank: int, master: str, port: int, out: str) -> None:
+    if "size_bytes" in cfg:  # run_exchange's generic exchange
+        _exchange_worker(ExchangeConfig(**cfg), rank, master, port, Path(out))
+        return
     _worker(PipeRunConfig(**{**cfg, "split": tuple(cfg.get("split", ()))}), rank, master, port, Path(out))
 
 

@@ -302,6 +302,9 @@ class StageCosts:
     step_overhead_us: float = 0.0
     """the runtime's own work per step and rank beyond its actions (µs; a probe's measure), run with the
     optimizer update"""
+    p2p_action_us: float = 0.0
+    """the runtime's own work per SEND or RECV action beyond posting it (µs: building the operation
+    list, storing the work handles), from the profile step's generic exchange; posting is ``P2PLink``'s"""
 
 
 def stage_costs(
@@ -435,9 +438,9 @@ def _action_task(
     for sub in subs:
         k, s = sub.computation_type.value, sub.stage_index
         if k in ("SEND_F", "RECV_B"):  # this stage's output activation, or its gradient
-            dur += link.host_cpu_us(costs.out_bytes[s])
+            dur += link.host_cpu_us(costs.out_bytes[s]) + costs.p2p_action_us
         elif k in ("SEND_B", "RECV_F"):  # the previous stage's output, or its gradient
-            dur += link.host_cpu_us(costs.out_bytes[s - 1]) if s > 0 else 0.0
+            dur += (link.host_cpu_us(costs.out_bytes[s - 1]) + costs.p2p_action_us) if s > 0 else 0.0
         elif k == "F":
             dur += costs.fwd_us[s] + ov
         elif k == "B":
@@ -469,12 +472,14 @@ def predict_pipeline(
     steps: int = 4,
     replay: Replay | None = None,
     step_overhead_us: float = 0.0,
+    p2p_overhead_us: float = 0.0,
 ) -> PipePrediction:
     """Predicted step time (ms) of ``spec`` from a single-process per-layer profile; the host CPU of
     sends and receives is in ``link``. ``replay``: how to replay each candidate's graph (default
     ``simulate``; a validation on one host passes the test host's replay, in which ranks sharing its
     cores compute slower beside each other: ``trainsim.testbed.contention``). ``step_overhead_us``: the
-    runtime's own work per step and rank (``StageCosts.step_overhead_us``). ``split``: layers per stage;
+    runtime's own work per step and rank (``StageCosts.step_overhead_us``); ``p2p_overhead_us``: per SEND
+    or RECV action (``StageCosts.p2p_action_us``). ``split``: layers per stage;
     None: the one with the shortest simulated step (``choose_split``)."""
     from trainsim.simulate.engine import simulate
 
@@ -484,11 +489,14 @@ def predict_pipeline(
     n_layers = len(prof.layer_names)
     if step_overhead_us < 0:
         raise UserError(f"step_overhead_us {step_overhead_us}; expected >= 0")
+    if p2p_overhead_us < 0:
+        raise UserError(f"p2p_overhead_us {p2p_overhead_us}; expected >= 0")
     rows = prof.table(micro)
 
     def run(sizes: Sequence[int]) -> tuple[list[list[int]], float, TaskGraph]:
         layers = check_split(sizes, n_layers, spec.n_stages)
-        costs = replace(stage_costs(prof, layers, micro, overhead_us), step_overhead_us=step_overhead_us)
+        costs = replace(stage_costs(prof, layers, micro, overhead_us), step_overhead_us=step_overhead_us,
+                        p2p_action_us=p2p_overhead_us)  # fmt: skip
         g = pipeline_graph(spec, costs, link, steps=steps)
         res = (replay or simulate)(g)
         ends = np.array([res.end_us[g.step == s].max() for s in range(steps)])

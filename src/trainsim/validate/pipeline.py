@@ -9,8 +9,9 @@ microbatches, model, link)``:
 
 1. **profile** the model in one process, as a user would: the per-layer profile at every microbatch
    size (``capture.layerprofile.profile_layers``) and torch's pipeline runtime's own time per compute
-   action outside the stage's compute calls, on one stage without communication (``runtime_dispatch_us``);
-   no schedule runs, no communication;
+   action outside the stage's compute calls, on one stage without communication (``runtime_dispatch_us``),
+   and per SEND or RECV action outside posting it, on a generic two-rank exchange of the model's
+   activation size over loopback (``runtime_p2p_us``); no schedule runs;
 2. **predict** each configuration by replaying the lowered action order of the schedule
    (``transform.pipeline.predict_pipeline``; the stage split is the plan's, ``choose_split``) with a
    link taken from the machine calibration alone (``pipe_link``): the host work of one message,
@@ -162,17 +163,39 @@ class CaseProfile:
 
     prof: LayerProfile
     action_overhead_us: dict[int, float]
+    p2p_action_us: float = 0.0
+    """the runtime's own work per SEND or RECV action outside posting it (``runtime_p2p_us``)"""
 
 
-def profile_case(case: PipeCase) -> CaseProfile:
-    """Step 1 of the module docstring (one process, before any real run)."""
+def profile_case(case: PipeCase, *, p2p: bool = True) -> CaseProfile:
+    """Step 1 of the module docstring (before any real run); ``p2p=False``: the one-process part alone
+    (``CaseProfile.p2p_action_us`` 0)."""
     from trainsim.capture.layerprofile import profile_layers
 
     ms = sorted({m for _, _, m in case.configs()})
     micro = tuple(sorted({case.batch_size // m for m in ms}))
     prof = profile_layers(case.model, batch_sizes=micro, reps=20, zoo=case.zoo())
     over = {m: runtime_dispatch_us(prof, case.batch_size // m, microbatches=m, zoo=case.zoo()) for m in ms}
-    return CaseProfile(prof, over)
+    return CaseProfile(prof, over, runtime_p2p_us(activation_bytes(prof, min(micro))) if p2p else 0.0)
+
+
+def activation_bytes(prof: LayerProfile, micro_bs: int) -> int:
+    """The message size of the generic exchange: the median output of the model's layers at ``micro_bs``."""
+    import statistics
+
+    return max(4, int(statistics.median(int(r["out_bytes"]) for r in prof.table(micro_bs))))
+
+
+def runtime_p2p_us(size_bytes: int) -> float:
+    """What torch's pipeline runtime spends per SEND or RECV action outside the posting call, which
+    ``pipe_link`` charges from the machine calibration: two ranks on loopback, each a core of its own,
+    exchanging ``size_bytes`` messages as the runtime posts them (``run.pipeline.run_exchange``: the
+    action's profiler range, its operation list, keeping the work handles); the mean of the send's and
+    the receive's medians. A generic exchange, not a validated schedule: no model, no link shaping."""
+    from trainsim.run.pipeline import ExchangeConfig, run_exchange
+
+    got = run_exchange(ExchangeConfig(size_bytes=size_bytes, pin=PIN_RANKS))
+    return (got["send_book_us"] + got["recv_book_us"]) / 2
 
 
 def dispatch_per_action_us(step_s: float, chunk_s: float, loss_us: float, microbatches: int) -> float:
@@ -259,9 +282,10 @@ def predict_config(case: PipeCase, cp: CaseProfile, mc: MachineCalibration, name
         return simulate_with_host_cpu(g, np.zeros(g.n_tasks), corun_factor=corun)
 
     pred = predict_pipeline(cp.prof, spec, batch_size=case.batch_size, link=link, overhead_us=cp.action_overhead_us[m],
-                            replay=replay)  # fmt: skip
+                            replay=replay, p2p_overhead_us=cp.p2p_action_us)  # fmt: skip
     return {"predicted_ms": round(pred.step_ms, 3), "split": [len(s) for s in pred.split],
-            "model_terms": {"action_overhead_us": round(cp.action_overhead_us[m], 1), "corun_slowdown": round(corun, 4),
+            "model_terms": {"action_overhead_us": round(cp.action_overhead_us[m], 1),
+                            "p2p_action_us": round(cp.p2p_action_us, 1), "corun_slowdown": round(corun, 4),
                             "link": {"bw_gbit_s": round(link.wire.bw_gbyte_s * 8, 4), "latency_us": link.wire.latency_us,
                                      "cpu_us": round(link.cpu_us, 1), "cpu_us_per_byte": link.cpu_us_per_byte}}}  # fmt: skip
 
