@@ -216,11 +216,8 @@ def runtime_dispatch_us(prof: LayerProfile, micro_bs: int, *, microbatches: int,
     step, the stage's ``forward_one_chunk`` / ``backward_one_chunk`` timed inside the step
     (``run.pipeline._time_stage_calls``); the median over ``reps`` steps of ``dispatch_per_action_us``.
 
-    The step and its parts are timed in the same call, so a slow spell of the host moves both; the
-    older reference, a LayerTape loop timed beside the runtime (``capture.layerprofile.
-    pipeline_action_overhead_us``), ran 3-8 % slower than the profile's own per-layer medians, so the
-    runtime's 190-300 µs per action (transformer x6, 4 and 8 microbatches, 2026-11-29) came out
-    negative and was clipped to 0 in every run of the 14:27 validation."""
+    The step and its parts are timed in the same call, so a slow spell of the host moves both (a
+    reference loop timed beside the runtime, the earlier measure, read 0 per action: docs/log/validate.md)."""
     import datetime
     import statistics
 
