@@ -79,8 +79,7 @@ RANKS = 2
 PIN_RANKS = True
 """the real runs keep each rank on a core of its own (``run.ranks.pin_to_core``): unpinned, the two
 ranks' threads migrate between this host's two cores and the runs of one configuration spread wider
-(GPipe M=4 x6 at 1000 Mbit/s, 2026-11-29: unpinned 122-184 ms over three runs, pinned 110-112 ms in
-three of four; posting a transfer 1.2-1.5 ms per step pinned, 2.6-8.4 unpinned)"""
+(figures in docs/log/validate.md)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
