@@ -3,10 +3,11 @@
     realrun .venv/bin/python benchmarks/probe_batch_pairs.py --passes 2 --out out/batch_pairs.json
 
 Each pair's first run is traced and predicts the second (``validate.whatif.predict_pair``; frozen before
-any second run, ``run_pairs``). Beside each prediction, ``without_work_split_ms``: the same trace's
-prediction when every memory-bound operator takes the op-cost table's ratio whatever its traced time
-(``opcost.shape_ratio`` without ``traced_us``, the model before the per-element work split), so both
-models are read against the same measured runs.
+any second run, ``run_pairs``). Beside each prediction, on the same trace: ``added_ms``, the first step
+plus the simulated change (the ``add`` anchor) instead of times the ratio, and ``traced_minus_timed_ms``,
+the first trace's replayed step less the first run's timed step (what the profiler added to the first
+configuration, as far as one run's noise lets it be read); all read against the same measured runs.
+Pairs: cnn's batch sizes ``old:new``, ``MODEL:old:new``, or ``fused:MODEL`` (Adam's loop -> fused).
 """
 
 from __future__ import annotations
@@ -20,39 +21,44 @@ PAIRS = ((32, 96), (32, 64), (32, 48), (16, 24), (48, 144), (32, 16), (32, 8), (
 
 
 def main() -> None:
-    from trainsim.transform import opcost
     from trainsim.validate import whatif as vw
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--out", default="out/batch_pairs.json")
-    ap.add_argument("--pairs", default=",".join(f"{a}:{b}" for a, b in PAIRS), help="old:new batch sizes")
+    ap.add_argument("--pairs", default=",".join(f"{a}:{b}" for a, b in PAIRS),
+                    help="cnn's old:new batch sizes, or MODEL:old:new, or fused:MODEL")  # fmt: skip
     a = ap.parse_args()
     s = vw._steps(False)
-    pairs = [vw._batch("cnn", int(x), int(y), False, **s)
-             for x, y in (p.split(":") for p in a.pairs.split(","))]  # fmt: skip
+    pairs = [vw._fused(x[1], False, **s) if x[0] == "fused" else
+             vw._batch(x[0], int(x[1]), int(x[2]), False, **s) if len(x) == 3 else
+             vw._batch("cnn", int(x[0]), int(x[1]), False, **s)
+             for x in (p.split(":") for p in a.pairs.split(","))]  # fmt: skip
+    fused: dict[str, Any] = {}
+    if any(p.kind == "fused-adam" for p in pairs):
+        from trainsim.testbed.machine import load_machine, with_fused_kernel
+
+        cal, cal_path = load_machine(log=print)
+        fused = {"fused_gbps": with_fused_kernel(cal, cal_path, log=print).fused_kernel_gbps}
 
     def predictor(pair: vw.Pair, first: dict[str, Any]) -> dict[str, Any]:
-        new = vw.predict_pair(pair, first)
-        orig = opcost.shape_ratio
-        opcost.shape_ratio = lambda *args, traced_us=None, **kw: orig(*args, **kw)  # type: ignore[assignment]
-        try:
-            old = vw.predict_pair(pair, first)
-        finally:
-            opcost.shape_ratio = orig  # type: ignore[assignment]
-        return {**new, "without_work_split_ms": old["predicted_ms"], "without_work_split_ratio": old["simulated_ratio"]}
+        r = vw.predict_pair(pair, first, **fused)
+        replayed = r["simulated_ms"] / r["simulated_ratio"][0]
+        return {**r, "added_ms": round(r["first_measured_ms"] + r["simulated_change_ms"][0], 3),
+                "traced_minus_timed_ms": round(replayed - r["first_measured_ms"], 3)}  # fmt: skip
 
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = vw.run_pairs(pairs, out, seed=0, predictor=predictor, passes=a.passes,
                        log=lambda m: print(time.strftime("%H:%M:%S", time.gmtime()), m, flush=True),
                        meta={"command": "benchmarks/probe_batch_pairs.py"})  # fmt: skip
-    print(f"{'pair':52s} {'first':>7s} {'pred':>7s} {'meas':>7s} {'err %':>6s} {'old pred':>8s} {'old err':>7s} passes")
+    print(f"{'pair':52s} {'first':>7s} {'tr-tm':>6s} {'ratio':>7s} {'meas':>7s} {'err %':>6s} {'added':>7s} {'err %':>6s} "
+          "passes")  # fmt: skip
     for r in doc["runs"]:
-        old = r["without_work_split_ms"]
-        print(f"{r['label']:52s} {r['first_measured_ms']:7.2f} {r['predicted_ms']:7.2f} {r['measured_ms']:7.2f} "
-              f"{r['error_pct']:+6.1f} {old:8.2f} {100 * (old - r['measured_ms']) / r['measured_ms']:+7.1f} "
-              f"{', '.join(f'{x:.1f}' for x in r['measured_passes_ms'])}")  # fmt: skip
+        m = r["measured_ms"]
+        print(f"{r['label'][:52]:52s} {r['first_measured_ms']:7.2f} {r['traced_minus_timed_ms']:+6.2f} "
+              f"{r['predicted_ms']:7.2f} {m:7.2f} {r['error_pct']:+6.1f} {r['added_ms']:7.2f} "
+              f"{100 * (r['added_ms'] - m) / m:+6.1f} {', '.join(f'{x:.1f}' for x in r['measured_passes_ms'])}")  # fmt: skip
 
 
 if __name__ == "__main__":
