@@ -220,13 +220,11 @@ def network_change(g: Any, pair: Pair, machine: Any = None) -> Any:
     (``MachineCalibration.cost``: the host's loopback line plus the bytes at the delivered rate) gives
     for the collective's size, ranks and the first run's rate, at most the traced time; the rest of a
     traced collective is kept as waiting, and the transfer is scaled by the model's new / old time.
-    Why: on this host 4 ranks share 2 cores, and while they all-reduce the host is busy (97-100 %,
-    ``benchmarks/probe_ring_ranks.py``), so the profiled steps' all-reduces run longer now and then
-    (318-410 ms after the last rank arrived, for 312-318 ms bare); a rate fitted on those steps took the
-    excess for transfer and halved it with the link (docs/log/whatif.md, 2026-11-29). The host's own
-    part of an all-reduce does not scale with the link either. Without ``machine``: as ``trainsim whatif
-    --network-bw`` does, a rate fitted on the trace's busy periods, every transfer divided by the rate
-    ratio."""
+    Why: ranks that share a busy host's cores stretch some profiled all-reduces, and a rate fitted on
+    them takes that excess for transfer (``benchmarks/probe_ring_ranks.py``; figures in
+    docs/log/whatif.md); the host's own part of an all-reduce does not scale with the link either.
+    Without ``machine``: as ``trainsim whatif --network-bw`` does, a rate fitted on the trace's busy
+    periods, every transfer divided by the rate ratio."""
     import numpy as np
 
     from trainsim.graph.ir import TaskKind
