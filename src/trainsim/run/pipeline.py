@@ -201,14 +201,10 @@ def _worker(cfg: PipeRunConfig, rank: int, master: str, port: int, out: Path) ->
         for k, a, b in (("minor_faults", use0.ru_minflt, use1.ru_minflt), ("major_faults", use0.ru_majflt, use1.ru_majflt),
                         ("involuntary_switches", use0.ru_nivcsw, use1.ru_nivcsw)):  # fmt: skip
             faults[k] = faults.get(k, 0) + b - a
-        for k, v in inside.items():
-            inside_ms[k] = inside_ms.get(k, 0.0) + 1e3 * v
-        for k, v in parts.items():
-            parts_ms[k] = parts_ms.get(k, 0.0) + 1e3 * v
-        for k, v in p2p.items():
-            p2p_ms[k] = p2p_ms.get(k, 0.0) + 1e3 * v
-        for k, v in p2p_ops.items():
-            ops[k] = ops.get(k, 0.0) + v
+        for total, part, scale in ((inside_ms, inside, 1e3), (parts_ms, parts, 1e3), (p2p_ms, p2p, 1e3),
+                                   (ops, p2p_ops, 1.0)):  # fmt: skip
+            for k, v in part.items():
+                total[k] = total.get(k, 0.0) + scale * v
         for out_list, j in ((step_ms, 0), (cpu_ms, 1), (main_ms, 2)):
             out_list += [1e3 * (b[j] - a[j]) for a, b in itertools.pairwise(stamps)]
     dist.barrier()
