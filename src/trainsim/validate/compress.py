@@ -46,8 +46,8 @@ from typing import Any
 import click
 
 from trainsim.errors import UserError
-from trainsim.validate.dp import MLP_DEFAULT, Profile, Profiler, _link
-from trainsim.validate.protocol import protocol_options
+from trainsim.validate.dp import MLP_DEFAULT, Profile, Profiler
+from trainsim.validate.protocol import link_label, protocol_options
 
 WORLD = 2
 """ranks of every run"""
@@ -93,7 +93,7 @@ class RunConfig:
         algo = "plain DDP" if self.algorithm == "none" else self.algorithm + (f"({opts})" if opts else "")
         extra = f" {self.scheme}" if self.scheme != "allgather" else ""
         shape = f" w{self.width}d{self.depth}" if (self.width, self.depth) != MLP_DEFAULT else ""
-        return (f"{self.model}{shape} {_link(self.rate_mbit, self.delay_ms)} {algo}{extra}"
+        return (f"{self.model}{shape} {link_label(self.rate_mbit, self.delay_ms)} {algo}{extra}"
                 f"{' SeCoPa plan' if self.plan else ''}")  # fmt: skip
 
 

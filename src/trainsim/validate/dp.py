@@ -446,10 +446,6 @@ def _workdir() -> Iterator[Path]:
 
 
 # --------------------------------------------------------------------------- the command
-def _link(rate: float | None, delay: float) -> str:
-    return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
-
-
 def select_configs(quick: bool, seed: int, models: tuple[str, ...] = (), rates: tuple[float, ...] = (),
                    delays: tuple[float, ...] = (), modes: tuple[str, ...] = ()) -> tuple[list[RunConfig], int]:  # fmt: skip
     """The fixed configurations (a custom set where any of ``models`` .. ``modes`` is given) and the

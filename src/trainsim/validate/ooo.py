@@ -41,7 +41,7 @@ import click
 from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
-from trainsim.validate.protocol import ConfigRunner, protocol_options
+from trainsim.validate.protocol import ConfigRunner, link_label, protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
@@ -107,10 +107,6 @@ FULL = (
     OooCase(model="transformer", blocks=4, rate_mbit=500.0),
     OooCase(model="cnn", rate_mbit=100.0),
 )
-
-
-def link_label(rate: float | None, delay: float) -> str:
-    return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
 
 
 def draw_cases(seed: int, quick: bool) -> list[OooCase]:

@@ -51,7 +51,7 @@ import click
 from trainsim.cli.options import us_to_ms
 from trainsim.errors import UserError
 from trainsim.validate import progress_log
-from trainsim.validate.protocol import ConfigRunner, protocol_options
+from trainsim.validate.protocol import ConfigRunner, link_label, protocol_options
 
 if TYPE_CHECKING:
     from trainsim.capture.layerprofile import LayerProfile
@@ -321,8 +321,6 @@ def run_pipeline_validation(
     meta = dict(meta or {})
     res = ResultFile(out, command=meta.pop("command", "run_pipeline_validation"), seed=seed, calibration=calibration,
                      passes=passes, steps=steps, warmup=warmup, notes=notes, **meta)  # fmt: skip
-    from trainsim.validate.ooo import link_label
-
     rows: list[dict[str, Any]] = []
     for case in cases:
         if not shaped:

@@ -323,6 +323,11 @@ ConfigRunner = Callable[[dict[str, Any], int], "float | tuple[float, dict[str, A
 ``(step_ms, diagnostics)``."""
 
 
+def link_label(rate: float | None, delay: float) -> str:
+    """A run's link as its label shows it: ``240 Mbit/s +5 ms``, ``unshaped``."""
+    return ("unshaped" if rate is None else f"{rate:g} Mbit/s") + (f" +{delay:g} ms" if delay else "")
+
+
 def shaping(shaped: bool | None) -> tuple[bool, list[str]]:
     """``(whether links are shaped, notes)``: ``shaped`` when given, else whether network namespaces
     work here; when they do not, the note that says every case is predicted and run on loopback."""
