@@ -8,6 +8,10 @@
 
 Writing your own: select tasks, change them, return the new graph. For example "what if every
 attention kernel were twice as fast" is ``scale(g, select(g, kind="kernel", name="attn|softmax"), 0.5)``.
+
+Why one module: it is the catalogue a user reads for recipes, and its two trace-reading models (the
+fused optimizer's and the batch size's) share the helpers that map trace calls to graph tasks
+(``_top_calls``, ``_inside``, ``_step_at``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ Besides the fixed configurations, every invocation draws some from a seed that i
 (``draw_configs``; ``--seed`` repeats a draw): zoo model and MLP width and depth, link rate and
 latency, DDP bucket size or P3 slice size. Everything it creates is removed at the end, also on Ctrl-C;
 an interrupted run's measurements stay in the result file, marked partial.
+
+Why one module: it is the one validation's whole flow (its configuration, draw, prediction, real run
+and command), and ``validate.compress`` reuses its profile, drivers and printing.
 """
 
 from __future__ import annotations
