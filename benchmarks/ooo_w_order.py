@@ -30,8 +30,8 @@ def w_times(model: str, zoo: dict[str, int], batch: int = 32) -> dict[str, list[
     import torch
     from torch import nn
 
+    from trainsim.models.splitgrad import LayerTape
     from trainsim.models.zoo import ZooSpec, build_with_batches
-    from trainsim.run.splitgrad import LayerTape
 
     torch.set_num_threads(1)
     net, batches = build_with_batches(model, seed=0, spec=ZooSpec(batch_size=batch, **zoo))

@@ -49,3 +49,22 @@ def test_only_validate_and_the_calibrate_command_use_the_test_bed() -> None:
     allowed = ("trainsim.testbed", "trainsim.validate", "trainsim.cli.cluster")
     users = {m for m, deps in _module_graph().items() if any(d.startswith("trainsim.testbed") for d in deps)}
     assert users and not {m for m in users if not m.startswith(allowed)}, sorted(users)
+
+
+def _package_graph() -> dict[str, set[str]]:
+    def area(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for m, deps in _module_graph().items():
+        graph.setdefault(area(m), set()).update(area(d) for d in deps if area(d) != area(m))
+    return graph
+
+
+def test_no_area_imports_another_that_imports_it_back() -> None:
+    """Areas (``trainsim.capture``, ``trainsim.run`` ...) form no cycle either: the pipeline reads
+    capture -> graph -> transform -> simulate, the other areas beside them, nothing pointing back."""
+    try:
+        graphlib.TopologicalSorter(_package_graph()).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"import cycle between areas: {' -> '.join(e.args[1])}") from None

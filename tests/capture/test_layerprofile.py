@@ -63,7 +63,7 @@ def test_a_scaled_profile_scales_every_time_and_no_size() -> None:
 def test_split_steps_time_the_weight_gradients_after_the_whole_chain_input_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trainsim.run.splitgrad import LayerTape
+    from trainsim.models.splitgrad import LayerTape
 
     calls: list[tuple[str, int]] = []
     b_in, b_w = LayerTape.backward_input, LayerTape.backward_weight

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from trainsim.run.splitgrad import LayerTape  # noqa: E402
+from trainsim.models.splitgrad import LayerTape  # noqa: E402
 
 
 def _layers(kind: str) -> tuple[nn.Module, torch.Tensor]:

@@ -7,7 +7,7 @@
     $ python -m trainsim.capture.layerprofile mlp --batch-sizes 32,8 --out mlp.layers.json
 
 One process, on the CPU, with the threads a training rank uses (1 by default). Each layer of a zoo
-model (an ``nn.Sequential``) runs through ``trainsim.run.splitgrad.LayerTape``: the very calls the
+model (an ``nn.Sequential``) runs through ``trainsim.models.splitgrad.LayerTape``: the very calls the
 out-of-order runtimes make, so B and W are timed as they are run. The median over ``reps`` steps
 (after ``warmup``) is kept. The what-ifs in ``trainsim.transform.ooo`` / ``.pipeline`` build their
 graphs from this file; pipelines need it at the microbatch size, hence several ``batch_sizes``.
@@ -184,8 +184,8 @@ def profile_layers(
     import torch
     from torch import nn
 
+    from trainsim.models.splitgrad import LayerTape
     from trainsim.models.zoo import ZooSpec, build_with_batches
-    from trainsim.run.splitgrad import LayerTape
 
     if reps < 1 or warmup < 0 or threads < 1 or not batch_sizes or min(batch_sizes) < 1:
         raise UserError(

@@ -278,7 +278,7 @@ class TwoStreamTrainer:
     def _step_fused(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         import torch
 
-        from trainsim.run.splitgrad import LayerTape
+        from trainsim.models.splitgrad import LayerTape
 
         tapes = []
         h = x

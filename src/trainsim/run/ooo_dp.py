@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import UserError
+from trainsim.models.splitgrad import LayerTape
 from trainsim.run.ranks import (
     Popen,
     init_gloo,
@@ -44,7 +45,6 @@ from trainsim.run.ranks import (
     slowest_rank_steps,
     window_step_ms,
 )
-from trainsim.run.splitgrad import LayerTape
 
 if TYPE_CHECKING:
     import torch

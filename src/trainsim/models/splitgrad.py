@@ -1,7 +1,7 @@
 """Per-layer split backward: output gradient (B) and weight gradients (W) as two separate calls.
 
     >>> import torch
-    >>> from trainsim.run.splitgrad import LayerTape
+    >>> from trainsim.models.splitgrad import LayerTape
     >>> layer = torch.nn.Linear(4, 3)
     >>> x = torch.randn(2, 4, requires_grad=True)
     >>> tape = LayerTape.forward(layer, x)               # runs the layer, keeps its graph
