@@ -12,7 +12,8 @@ cluster never read it. It holds four generic measurements, none of them a valida
    link shaped to each rate of ``CAL_RATES_MBIT`` at the sizes of ``EFF_SIZES`` (when network
    namespaces work): the fraction of the nominal rate the shaped link delivers (``efficiency``, by
    rate and bytes on the wire: TCP through tbf delivers ~96 % of a 240 Mbit/s link for a 1 MB
-   message, ~89 % of a 60 Mbit/s one for 16 MB); the same on links with added delay
+   message, ~89 % of a 60 Mbit/s one for 16 MB; the rates reach 1500 Mbit/s so that the validations'
+   rates up to 1000 Mbit/s are read between measured rates, not held from 240); the same on links with added delay
    (``DELAYED_RATES_MBIT`` at ``DELAYED_CAL_MS``), which this testbed builds differently where the
    kernel has no ``netem`` (jumbo frames through a user-space delay line, ``testbed.netns``), so they
    deliver another fraction (``delayed_efficiency_grid``). ``allreduce_us``, ``allgather_us`` and
@@ -47,14 +48,19 @@ from typing import Any
 
 from trainsim.errors import UserError
 
-FORMAT = 5
+FORMAT = 6
 """version of the file layout (4: ``wire_rates_mbit``, ``wire_lost_us``, ``wire_us_per_byte``; 5:
-``delayed_rates_mbit``, ``delayed_us``, ``delayed_efficiency_grid``)"""
+``delayed_rates_mbit``, ``delayed_us``, ``delayed_efficiency_grid``; 6: ``efficiency_grid`` rows up to
+1500 Mbit/s, ``CAL_RATES_MBIT``, each the mean of ``SHAPED_LAUNCHES`` launches)"""
 GRID = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
 """all-reduce sizes (bytes) of the link calibration: x8 apart, none of them a validated model's gradient"""
-CAL_RATES_MBIT = (60.0, 240.0)
+CAL_RATES_MBIT = (60.0, 240.0, 600.0, 1500.0)
 """the shaped links' rates for ``efficiency``: generic rates around those validated, none of them a
-fixed validation's rate (interpolated in log rate between them, held beyond them)"""
+fixed validation's rate (interpolated in log rate between them, held beyond them); 600 and 1500 keep
+the fixed rates of 400-1000 Mbit/s between measured rows"""
+SHAPED_LAUNCHES = 2
+"""launches of each rate of ``CAL_RATES_MBIT``, in turns over the rates; a row is the mean of its
+launches' times (one launch at 600 Mbit/s read 12 % slower than two others minutes later)"""
 EFF_SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]
 """all-reduce sizes (bytes) on the shaped links (interpolated in log size, held beyond them)"""
 DELAYED_RATES_MBIT = (60.0, 240.0, 1200.0)
@@ -346,7 +352,7 @@ def with_fused_kernel(cal: MachineCalibration, path: Path, *, log: Any = None) -
 
 # --------------------------------------------------------------------------- measuring
 def calibrate_machine(*, log: Any = None) -> MachineCalibration:
-    """Measure the four generic workloads (about three minutes)."""
+    """Measure the four generic workloads (about three and a half minutes)."""
     import numpy as np
 
     from trainsim.testbed.calibrate import calibrate
@@ -364,26 +370,25 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     sizes = np.array(GRID, dtype=float)
     host = np.array(loop.measured_us)
     a, b = _line(sizes, host)
-    eff_sizes = np.array(EFF_SIZES, dtype=float)
 
-    def shaped_pass(rate: float, delay_ms: float) -> tuple[list[float], list[float]]:
-        """All-reduces of ``EFF_SIZES`` on a link of ``rate`` with ``delay_ms`` added: the times, and the
-        delivered / nominal rate (time less the loopback host line and the rendezvous latencies)."""
+    def shaped_pass(rate: float, delay_ms: float) -> list[float]:
+        """All-reduces of ``EFF_SIZES`` on a link of ``rate`` with ``delay_ms`` added: the times (us)."""
         sh = calibrate(world=2, rate_mbit=rate, delay_ms=delay_ms, sizes=EFF_SIZES, reps=2, budget_s=0.15)
-        lat = 2 * RENDEZVOUS_LATENCIES * delay_ms * 1e3  # 2 ranks: two ring steps
-        wire = np.array(sh.measured_us, dtype=float) - (a + b * eff_sizes) - lat
-        nominal = eff_sizes * 8 / rate  # us at the nominal rate (2 ranks: each sends the size once)
-        return ([round(float(x), 2) for x in sh.measured_us],
-                [round(float(x), 4) for x in np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)])  # fmt: skip
+        return [float(x) for x in sh.measured_us]
 
     shaped: list[list[float]] = []
     grid: list[list[float]] = []
     rates: list[float] = []
     if netns_unavailable() is None:
         rates = list(CAL_RATES_MBIT)
-        for rate in rates:
-            say(f"machine calibration: all-reduces on a veth link shaped to {rate:g} Mbit/s")
-            times, row = shaped_pass(rate, 0.0)
+        launched: list[list[list[float]]] = [[] for _ in rates]
+        for k in range(SHAPED_LAUNCHES):  # in turns over the rates: a slow spell hits one launch of several
+            for i, rate in enumerate(rates):
+                say(f"machine calibration: all-reduces on a veth link shaped to {rate:g} Mbit/s "
+                    f"(launch {k + 1} of {SHAPED_LAUNCHES})")  # fmt: skip
+                launched[i].append(shaped_pass(rate, 0.0))
+        for rate, runs in zip(rates, launched, strict=True):
+            times, row = efficiency_row(runs, rate, (a, b))
             shaped.append(times)
             grid.append(row)
     eff = float(np.median(grid)) if grid else 1.0
@@ -392,7 +397,7 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
     delayed_rates = list(DELAYED_RATES_MBIT) if rates else []
     for rate in delayed_rates:
         say(f"machine calibration: all-reduces on a link shaped to {rate:g} Mbit/s with {DELAYED_CAL_MS:g} ms added")
-        times, row = shaped_pass(rate, DELAYED_CAL_MS)
+        times, row = efficiency_row([shaped_pass(rate, DELAYED_CAL_MS)], rate, (a, b), DELAYED_CAL_MS)
         delayed.append(times)
         delayed_grid.append(row)
     wire_rates = list(WIRE_RATES_MBIT) if rates else []
@@ -425,6 +430,23 @@ def calibrate_machine(*, log: Any = None) -> MachineCalibration:
         delayed_rates_mbit=delayed_rates, delayed_us=delayed, delayed_efficiency_grid=delayed_grid,
         fused_adam_sizes_bytes=list(FUSED_SIZES), fused_adam_gbps=fused,
     )  # fmt: skip
+
+
+def efficiency_row(launches_us: list[list[float]], rate_mbit: float, host: tuple[float, float],
+                   delay_ms: float = 0.0) -> tuple[list[float], list[float]]:  # fmt: skip
+    """One row of ``efficiency_grid`` from launches of all-reduces of ``EFF_SIZES`` on a link shaped to
+    ``rate_mbit`` with ``delay_ms`` added: per size, the mean of the launches' times (us), and the
+    delivered / nominal rate: the bytes at the nominal rate over that time less the loopback host line
+    ``host`` (``(a_us, b_us_per_byte)``) and the rendezvous latencies, within [0.05, 1]."""
+    import numpy as np
+
+    sizes = np.array(EFF_SIZES, dtype=float)
+    t = np.mean(np.array(launches_us, dtype=float), axis=0)
+    lat = 2 * RENDEZVOUS_LATENCIES * delay_ms * 1e3  # 2 ranks: two ring steps
+    wire = t - (host[0] + host[1] * sizes) - lat
+    nominal = sizes * 8 / rate_mbit  # us at the nominal rate (2 ranks: each sends the size once)
+    eff = np.clip(nominal / np.maximum(wire, 1e-9), 0.05, 1.0)
+    return [round(float(x), 2) for x in t], [round(float(x), 4) for x in eff]
 
 
 def _wire_lost_us(rate_mbit: float) -> list[float]:
