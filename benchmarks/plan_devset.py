@@ -67,6 +67,7 @@ class Row:
             schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp, recompute=Recompute[f["recompute"].upper()],
             sequence_parallel=tp > 1, zero=int(f["zero"]), precision=f["precision"], comm_overlap=f["comm_overlap"] == "1",
             attn_kernel=f["attn"], kernels=f["kernels"], reshard_after_forward=not (int(f["zero"]) == 3 and pp > 1),
+            ep_dispatch=f["ep_comm"].split("+")[0], ep_overlap=f["ep_comm"].endswith("+overlap"),
         )  # fmt: skip
 
     def predict(self, eff: Efficiency) -> tuple[float, bool]:

@@ -233,3 +233,47 @@ def test_eager_kernels_slow_a_llama_step() -> None:
     assert g_eager == g_fused
     with pytest.raises(UserError, match="--kernels 'jit'"):
         Strategy(kernels="jit")
+
+
+def test_expert_all_to_all_overlap_by_hand() -> None:
+    """ep_overlap: the all-to-all hides behind another micro-batch's compute up to ``overlap`` of it; under the
+    node dispatch DeepEP's kernels also take 20 of the H100's 132 SMs from the compute they overlap."""
+    from trainsim.plan.estimate import DEEPEP_SM_SHARE
+    from trainsim.plan.optime import DEFAULT_EFFICIENCY as eff
+
+    m, cl = preset("deepseek-v3-like"), homogeneous("h100", 64)
+    for dispatch in ("node", "flat"):
+        s = Strategy(dp=64, ep=64, zero=1, ep_dispatch=dispatch)
+        plain = estimate(m, s, cl, global_batch=64)
+        ov = estimate(m, replace(s, ep_overlap=True), cl, global_batch=64)
+        t = {x.name: x for x in plain.terms}
+        busy, comp = t["ep_comm"].busy_s, t["compute"].seconds
+        sort = t["ep_comm"].seconds - busy  # the flat dispatcher's local sort (4 experts per GPU), never hidden
+        assert sort == pytest.approx(0.0, abs=1e-12) if dispatch == "node" else sort > 0.0
+        hidden = max(busy * (1 - eff.overlap), busy - eff.overlap * comp)
+        share = DEEPEP_SM_SHARE * min(busy, comp) if dispatch == "node" else 0.0
+        assert {x.name: x for x in ov.terms}["ep_comm"].seconds == pytest.approx(hidden + share + sort, rel=1e-9)
+        assert ov.step_s < plain.step_s
+    assert round(DEEPEP_SM_SHARE * 132, 9) == 20  # Megatron-Core moe_deepep_num_sms of an H100
+    with pytest.raises(UserError, match="--ep-overlap needs expert parallelism"):
+        Strategy(dp=8, ep_overlap=True)
+
+
+def test_flat_dispatch_sorts_received_tokens_by_local_expert() -> None:
+    """The flat dispatcher pays one read and one write of this GPU's routed tokens per all-to-all to group them
+    by local expert (Megatron-Core's sort_chunks_by_idxs); with one expert per GPU there is nothing to sort."""
+    import numpy as np
+
+    from trainsim.plan.estimate import a2a_stage_s, unit_table
+    from trainsim.plan.optime import DEFAULT_EFFICIENCY as eff
+
+    m = preset("mixtral-8x7b")  # 8 experts
+    for ep, sorted_ in ((4, True), (8, False)):
+        cl = homogeneous("h100", 8)
+        e = estimate(m, Strategy(dp=8, ep=ep, zero=1), cl, global_batch=8)
+        tab = unit_table(m, 1, 1, False, 1, cl.groups[0].gpu, eff, ep)
+        cnt = tab.a2a_count * 2
+        a2a = a2a_stage_s(tab.a2a_bytes, cnt, ep, ep, cl.groups[0], eff)
+        sort = 2.0 * float(np.dot(cnt, tab.a2a_bytes)) * ep / (ep - 1) / (3350e9 * eff.mem)
+        per_mb = {x.name: x for x in e.terms}["ep_comm"].seconds  # one micro-batch per step
+        assert per_mb == pytest.approx(a2a + (sort if sorted_ else 0.0), rel=1e-9)

@@ -78,6 +78,9 @@ CP_MODES = ("ring", "allgather")
 EP_DISPATCHES = ("flat", "node")
 PRECISIONS = ("bf16", "fp8")
 KERNEL_MODES = ("fused", "eager")
+DEEPEP_SM_SHARE = 20 / 132
+"""SMs DeepEP's dispatch and combine kernels occupy while they run: Megatron-Core's ``moe_deepep_num_sms``
+default (20) of an H100's 132; the compute they overlap runs on the rest"""
 OPTIM_TRAFFIC_BYTES = 32  # Adam step: read grad, master, m, v; write master, m, v, 16-bit weight; + clip/unscale
 
 
@@ -114,6 +117,10 @@ class Strategy:
     ep_dispatch: str = "flat"
     """expert all-to-all: flat (every routed copy sent to its expert's GPU: NCCL all-to-all) | node (each
     token crosses the network once per node hosting its experts, then NVLink: DeepEP)"""
+    ep_overlap: bool = False
+    """expert all-to-alls of one micro-batch run while another computes (Megatron-Core ``moe_a2a_overlap``,
+    DeepSeek-V3's DualPipe): hidden up to ``Efficiency.overlap`` of the compute, and under the node dispatch
+    DeepEP's kernels hold ``DEEPEP_SM_SHARE`` of the GPU's SMs while they run"""
     precision: str = "bf16"
     """bf16 | fp8 (linear layers on FP8 tensor cores, a what-if with its own efficiency; Hopper only)"""
     kernels: str = "fused"
@@ -150,6 +157,8 @@ class Strategy:
             raise UserError(f"--cp-mode {self.cp_mode!r}; expected one of {', '.join(CP_MODES)}")
         if self.ep_dispatch not in EP_DISPATCHES:
             raise UserError(f"--ep-dispatch {self.ep_dispatch!r}; expected one of {', '.join(EP_DISPATCHES)}")
+        if self.ep_overlap and self.ep == 1:
+            raise UserError("--ep-overlap needs expert parallelism (--ep > 1)")
         if self.shard_group < 0:
             raise UserError(f"--shard-group {self.shard_group}; expected 0 (all data-parallel ranks) or a positive size")
         if (self.shard_group or not self.reshard_after_forward) and self.zero != 3:
@@ -187,7 +196,8 @@ class Strategy:
             z += ("" if self.reshard_after_forward else "-noreshard") + (f"-hsdp{self.shard_group}" if self.shard_group else "")
         return (
             f"dp{self.dp} tp{self.tp}{sp} pp{self.pp} cp{self.cp}{'-ag' if self.cp > 1 and self.cp_mode != 'ring' else ''}"
-            + (f" ep{self.ep}" + ("-node" if self.ep_dispatch == "node" else "") if self.ep > 1 else "")
+            + (f" ep{self.ep}" + ("-node" if self.ep_dispatch == "node" else "") + ("-ov" if self.ep_overlap else "")
+               if self.ep > 1 else "")
             + f" mb{self.micro_batch} {self.schedule}{v} rc={self.recompute.name.lower()} {z}"
             + (" fp8" if self.precision == "fp8" else "")
             + ("" if self.attn_kernel == "auto" else f" {self.attn_kernel}")
@@ -473,7 +483,7 @@ def estimate(
         nxt = st.groups[i + 1] if i + 1 < pp else None
         # a stage's terms do not depend on the schedule beyond v: cache them on the table across estimates
         key = ("stage", u.f, u.b, u.params, u.largest, u.out_last, a == 0, gi, prev, nxt, s.dp, s.tp, s.pp, s.cp, s.recompute, s.sequence_parallel, s.zero, s.placement,
-               s.ep, s.ep_dispatch, s.reshard_after_forward, s.shard_group, s.cp_mode, s.comm_overlap, v, overlap_grad_sync, cluster)  # fmt: skip
+               s.ep, s.ep_dispatch, s.ep_overlap, s.reshard_after_forward, s.shard_group, s.cp_mode, s.comm_overlap, v, overlap_grad_sync, cluster)  # fmt: skip
         hit = tab.cache.get(key)
         if hit is None:
             hit = tab.cache[key] = _stage_time(s, dims, cluster, st, i, grp, tab, u, eff, overlap_grad_sync)
@@ -662,21 +672,33 @@ def _stage_time(
                               float(chunk.max()), ln, cp_bw, e, 0.0,
                               f"{s.cp_mode} attention over cp={s.cp}: {ct.steps} step(s) per pass, K/V chunk per step; "
                               f"forward exposed {cf:.4g} s, backward {cb:.4g} s per micro-batch"))  # fmt: skip
-    # expert all-to-all (dispatch + combine, forward and backward), not overlapped
+    # expert all-to-all (dispatch + combine, forward and backward), overlapped with ep_overlap
     t_ep = 0.0
     if s.ep > 1:
         stride = dims["dp"][1]
         per_node = min(s.ep, max(1, grp.gpus_per_node // stride)) if stride < grp.gpus_per_node else 1
         cnt = tab.a2a_count[lo:hi] * (fwd_passes + 1)
         sent = tab.a2a_bytes[lo:hi]
-        t_ep = a2a_stage_s(sent, cnt, s.ep, per_node, grp, eff, s.ep_dispatch, tab.routing)
+        busy_ep = t_ep = a2a_stage_s(sent, cnt, s.ep, per_node, grp, eff, s.ep_dispatch, tab.routing)
+        if s.ep_overlap:
+            t_ep = _overlapped(busy_ep, f + bw, eff)
+            if s.ep_dispatch == "node":
+                t_ep += DEEPEP_SM_SHARE * min(busy_ep, f + bw)
+        sort_ep = s.ep_dispatch == "flat" and tab.routing[0] // s.ep > 1
+        if sort_ep:
+            # the flat dispatcher groups the tokens it receives by local expert after the dispatch and restores
+            # their order before the combine (Megatron-Core's MoEAlltoAllTokenDispatcher, sort_chunks_by_idxs):
+            # one read and one write of this GPU's routed tokens per all-to-all, on the compute stream
+            t_ep += 2.0 * float(np.dot(cnt, sent)) * s.ep / (s.ep - 1) / (gpu.hbm_gbps * 1e9 * eff.mem)
         where = "within a node" if per_node >= s.ep else f"{per_node} per node, the rest over the NIC"
         if want:
-            terms.append(Term("ep_comm", t_ep, t_ep, float(cnt.sum()), float(sent.max()), "nvlink+network",
+            terms.append(Term("ep_comm", t_ep, busy_ep, float(cnt.sum()), float(sent.max()), "nvlink+network",
                               grp.inter_node_gbps(-(-s.ep // per_node)) if per_node < s.ep else gpu.nvlink_gbps,
                               eff.network if per_node < s.ep else eff.nvlink, 0.0,
                               f"{'node-deduplicated ' if s.ep_dispatch == 'node' else ''}all-to-all over "
-                              f"ep={s.ep} ({where}), not overlapped"))  # fmt: skip
+                              f"ep={s.ep} ({where}), "
+                              + ("overlapped with another micro-batch's compute" if s.ep_overlap else "not overlapped")
+                              + ("; + sorting received tokens by local expert" if sort_ep else "")))  # fmt: skip
     # pipeline point-to-point (scatter/gather: 1/tp of the activation per GPU)
     t_p2p = p2p_next = 0.0
     if pp > 1:
