@@ -11,7 +11,7 @@ The hook replaces one all-reduce of the bucket (S bytes) by an all-gather of S b
 combines the rows on every rank. Its extra time per step, for one bucket that nothing overlaps, is the
 larger of two bounds:
 
-    wire = [allgather(S) - allreduce(S)] + compute(rule, S)                  (the ranks wait for the link)
+    wire = [allgather(S) - allreduce(S)] + share * compute(rule, S)          (the ranks wait for the link)
     cpu  = share * ([cpu_allgather(S) - cpu_allreduce(S)] + compute(rule, S))  (the ranks wait for cores)
 
 1. ``allgather(S)`` and ``allreduce(S)``: wall times, ``Calibration.allgather_us`` and
@@ -20,11 +20,11 @@ larger of two bounds:
 2. ``cpu_allgather(S)``, ``cpu_allreduce(S)``: the CPU time (every thread of a rank: the poster, gloo's
    threads, the waiter that completes the hook's future, the kernel's socket work) that one rank spends
    per call of each primitive as the hooks issue it (future, ``then``, wait), from ``time_collectives``:
-   4 ranks on the same link at generic sizes (powers of 4 bytes), interpolated in log-log. On gloo
+   4 ranks on the same link at generic sizes (powers of 2 and 4 bytes), interpolated in log-log. On gloo
    over emulated links the socket work is most of it: the all-gather sends and receives ``world - 1``
    whole buckets per rank where the ring all-reduce moves ``2 (world - 1) / world`` of one;
 3. ``compute``: ``time_rules`` times each rule (``robust.aggregate`` and the copy into the bucket) at a
-   generic grid of sizes (powers of 4 elements, never the model's), one thread per core all timing at
+   generic grid of sizes (powers of 2 elements, never the model's), one thread per core all timing at
    once, each on rows flushed from the caches before every call (``RuleTimes.corun``): in a run the
    rows arrive from the sockets and every core computes, and the rule's CPU time there read 1.6-4x its
    time alone with warm caches (2026-11-29, 4 ranks: median 1.13 ms against 0.53-0.70 ms); Zeno's rule
@@ -35,10 +35,14 @@ larger of two bounds:
    first pass over each row (it arrives from the sockets) at the bandwidth that each core gets while
    all stream (``RuleTimes.stream_gbps``); the kept rows' average and the copy into the bucket as the
    ``mean`` rule's time;
-4. ``share``: ``max(1, world / cores)``. With more ranks than cores (4 ranks on this 2-vCPU host) the
-   host is saturated: the 4 ranks asked for 26-51 ms of CPU per 16-29 ms step (2026-11-29, thread
-   schedstat), so every millisecond of CPU that a rank adds lengthens the step by ``world / cores`` of a
-   millisecond, wherever in the step the rank spends it (measured: 2.1-2.3 ms per ms).
+4. ``share``: ``max(1, world / cores)``. In the link-bound estimate the rule starts on every rank at
+   once, when the same gather completes, so the ranks share the cores while it runs: its wall time is
+   ``share`` times its CPU time (2026-11-29, 4 ranks at 648,202 fp32 on 1 Gbit/s links: the rules'
+   wall time in the hook read 1.9-2.3x their CPU price, Zeno's 3.0x; docs/log/robust.md). With more
+   ranks than cores (4 ranks on this 2-vCPU host) the host is saturated: the 4 ranks asked for 26-51 ms
+   of CPU per 16-29 ms step (2026-11-29, thread schedstat), so every millisecond of CPU that a rank adds
+   lengthens the step by ``world / cores`` of a millisecond, wherever in the step the rank spends it
+   (measured: 2.1-2.3 ms per ms).
 """
 
 from __future__ import annotations
@@ -52,8 +56,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-RULE_SIZES = tuple(4**k for k in range(5, 11))
-"""numel grid of ``time_rules``: 1,024 .. 1,048,576 elements per rank"""
+RULE_SIZES = tuple(2**k for k in range(10, 22))
+"""numel grid of ``time_rules``: 1,024 .. 2,097,152 elements per rank, every power of 2: the time per
+element jumps between 262,144 and 1,048,576 elements (median 2.8 -> 26.6 ms for 4x the elements, 2026-11-29),
+which a grid of powers of 4 left to the interpolation"""
 TIMED_RULES = ("mean", "median", "trimmed_mean", "krum")
 
 
@@ -328,8 +334,9 @@ class OverheadPrediction:
 
     @property
     def wire_us(self) -> float:
-        """The ranks wait for the link: the gather's extra wall time, then the rule."""
-        return self.link_us + self.compute_us
+        """The ranks wait for the link: the gather's extra wall time, then the rule, which every rank runs
+        at the same moment (the gather ends for all at once) and so on ``contention`` ranks per core."""
+        return self.link_us + self.contention * self.compute_us
 
     @property
     def cpu_us(self) -> float:
@@ -370,8 +377,8 @@ def predict_overhead(
     )  # fmt: skip
 
 
-COLLECTIVE_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
-"""per-rank bytes of ``time_collectives``: powers of 4, the all-gather calibration's grid"""
+COLLECTIVE_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20)
+"""per-rank bytes of ``time_collectives``: the all-gather calibration's grid"""
 
 
 def time_collectives(

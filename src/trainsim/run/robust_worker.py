@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,10 @@ class RobustRunConfig:
     """Zeno's validation batch: drawn once from the training split, the same on every rank"""
     fault_factor: float = 10.0
     cases: list[list[Any]] = field(default_factory=list)
-    """``[aggregator, bad ranks, fault kind]`` each"""
+    """``[aggregator, bad ranks, fault kind]`` each, optionally a fourth item: the case's fault factor
+    (default ``fault_factor``)"""
+    eval_every: int = 0
+    """record the test accuracy and loss every this many steps of each accuracy case (0: at the end only)"""
     timing: list[str] = field(default_factory=list)
     """aggregators timed with no bad rank"""
     timing_rounds: int = 5
@@ -88,8 +92,12 @@ def _model(cfg: RobustRunConfig) -> Any:
     return nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
 
 
-def _ddp(cfg: RobustRunConfig, model: Any, aggregator: str, bad: int, kind: str, data: dict[str, Any]) -> tuple[Any, Any]:
-    """``model`` in DDP with the case's hook; the robust state (None for the baseline)."""
+def _ddp(
+    cfg: RobustRunConfig, model: Any, aggregator: str, bad: int, kind: str, data: dict[str, Any],
+    factor: float | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """``model`` in DDP with the case's hook (the fault's ``factor``, default ``cfg.fault_factor``); the
+    robust state (None for the baseline)."""
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -104,15 +112,18 @@ def _ddp(cfg: RobustRunConfig, model: Any, aggregator: str, bad: int, kind: str,
         hook = robust_hook
         state = RobustState(aggregator, trim=cfg.trim, f=cfg.krum_f, drop=cfg.zeno_drop, lr=cfg.lr, rho=cfg.zeno_rho,
                             model=model, validation=data["val"], loss_fn=F.cross_entropy)  # fmt: skip
-    fault = Fault(kind=kind, ranks=tuple(range(cfg.world_size - bad, cfg.world_size)), factor=cfg.fault_factor,
-                  seed=cfg.seed)  # fmt: skip
+    fault = Fault(kind=kind, ranks=tuple(range(cfg.world_size - bad, cfg.world_size)),
+                  factor=cfg.fault_factor if factor is None else float(factor), seed=cfg.seed)  # fmt: skip
     ddp.register_comm_hook(FaultState(hook, state, fault), fault_hook)
     return ddp, state
 
 
-def _train(cfg: RobustRunConfig, ddp: Any, data: dict[str, Any], steps: int, first: int = 0) -> list[float]:
+def _train(
+    cfg: RobustRunConfig, ddp: Any, data: dict[str, Any], steps: int, first: int = 0,
+    after: Callable[[int], None] | None = None,
+) -> list[float]:  # fmt: skip
     """``steps`` SGD steps on this rank's shard (batches in a per-epoch order, the same seed on every
-    rank); each step's wall time (s)."""
+    rank); each step's wall time (s). ``after(n)`` runs, untimed, after the n-th step (n from 1)."""
     import torch
     import torch.nn.functional as F
 
@@ -131,18 +142,23 @@ def _train(cfg: RobustRunConfig, ddp: Any, data: dict[str, Any], steps: int, fir
         F.cross_entropy(ddp(data["x"][idx]), data["y"][idx]).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
+        if after is not None:
+            after(s + 1)
     return times
 
 
-def _accuracy(model: Any, data: dict[str, Any]) -> tuple[float, float]:
-    """Test accuracy (0-1) and a checksum of the weights (the ranks must agree on it)."""
+def _accuracy(model: Any, data: dict[str, Any]) -> tuple[float, float, float]:
+    """Test accuracy (0-1), test loss (mean cross-entropy) and a checksum of the weights (the ranks must
+    agree on it)."""
     import torch
+    import torch.nn.functional as F
 
     with torch.no_grad():
-        pred = model(data["x"][data["test"]]).argmax(dim=1)
-        acc = float((pred == data["y"][data["test"]]).float().mean())
+        logits = model(data["x"][data["test"]])
+        acc = float((logits.argmax(dim=1) == data["y"][data["test"]]).float().mean())
+        loss = float(F.cross_entropy(logits, data["y"][data["test"]]))
         checksum = float(sum(p.double().sum() for p in model.parameters()))
-    return acc, checksum
+    return acc, loss, checksum
 
 
 def _worker(cfg: RobustRunConfig, rank: int, master: str, port: int, out: Path) -> None:
@@ -154,17 +170,25 @@ def _worker(cfg: RobustRunConfig, rank: int, master: str, port: int, out: Path) 
     init_gloo(rank, cfg.world_size, master, port, cfg.timeout_s)
     data = _data(cfg, rank)
     cases = []
-    for aggregator, bad, kind in cfg.cases:
+    for aggregator, bad, kind, *factor in cfg.cases:
         model = _model(cfg)
-        ddp, state = _ddp(cfg, model, aggregator, int(bad), kind, data)
+        ddp, state = _ddp(cfg, model, aggregator, int(bad), kind, data, *factor)
+        curve: list[list[float]] = []
+
+        def record(n: int, model: Any = model, curve: list[list[float]] = curve) -> None:
+            if cfg.eval_every and n % cfg.eval_every == 0:
+                curve.append([n, *_accuracy(model, data)[:2]])
+
         t0 = time.perf_counter()
-        _train(cfg, ddp, data, cfg.steps)
+        _train(cfg, ddp, data, cfg.steps, after=record)
         train_s = time.perf_counter() - t0
-        acc, checksum = _accuracy(model, data)
+        acc, loss, checksum = _accuracy(model, data)
         sums = torch.tensor([checksum, -checksum], dtype=torch.float64)
         dist.all_reduce(sums, op=dist.ReduceOp.MAX)  # max and -min of the ranks' checksums
         spread = float(sums[0] + sums[1])
-        cases.append({"aggregator": aggregator, "bad": int(bad), "kind": kind, "test_acc": acc,
+        cases.append({"aggregator": aggregator, "bad": int(bad), "kind": kind,
+                      "factor": float(factor[0]) if factor else cfg.fault_factor, "test_acc": acc, "test_loss": loss,
+                      "curve": curve,
                       "finite": math.isfinite(checksum), "ranks_agree": spread == 0.0 or not math.isfinite(spread),
                       "train_s": train_s, "dropped": state.dropped if state is not None else None})  # fmt: skip
     timing: dict[str, list[dict[str, Any]]] = {a: [] for a in cfg.timing}
