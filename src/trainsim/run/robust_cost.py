@@ -26,8 +26,8 @@ larger of two bounds:
 3. ``compute``: ``time_rules`` times each rule (``robust.aggregate`` and the copy into the bucket) at a
    generic grid of sizes (powers of 2 elements, never the model's), one thread per core all timing at
    once, each on rows flushed from the caches before every call (``RuleTimes.corun``): in a run the
-   rows arrive from the sockets and every core computes, and the rule's CPU time there read 1.6-4x its
-   time alone with warm caches (2026-11-29, 4 ranks: median 1.13 ms against 0.53-0.70 ms); Zeno's rule
+   rows arrive from the sockets and every core computes, and the rule's CPU time there is several times
+   its time alone with warm caches (docs/log/robust.md); Zeno's rule
    is priced in parts (``zeno_parts``) under the same conditions: its Python machinery, timed on a
    skeleton of the model (every ``Linear`` made 1 x 1: the same modules and parameter tensors, none of
    the arithmetic) in one process per core at once, caches flushed before every call; ``world + 1``
@@ -37,12 +37,9 @@ larger of two bounds:
    ``mean`` rule's time;
 4. ``share``: ``max(1, world / cores)``. In the link-bound estimate the rule starts on every rank at
    once, when the same gather completes, so the ranks share the cores while it runs: its wall time is
-   ``share`` times its CPU time (2026-11-29, 4 ranks at 648,202 fp32 on 1 Gbit/s links: the rules'
-   wall time in the hook read 1.9-2.3x their CPU price, Zeno's 3.0x; docs/log/robust.md). With more
-   ranks than cores (4 ranks on this 2-vCPU host) the host is saturated: the 4 ranks asked for 26-51 ms
-   of CPU per 16-29 ms step (2026-11-29, thread schedstat), so every millisecond of CPU that a rank adds
-   lengthens the step by ``world / cores`` of a millisecond, wherever in the step the rank spends it
-   (measured: 2.1-2.3 ms per ms).
+   ``share`` times its CPU time. With more ranks than cores the host is saturated, so every millisecond
+   of CPU that a rank adds lengthens the step by ``world / cores`` of a millisecond, wherever in the step
+   the rank spends it (measurements in docs/log/robust.md).
 """
 
 from __future__ import annotations
@@ -58,8 +55,8 @@ from typing import Any
 
 RULE_SIZES = tuple(2**k for k in range(10, 22))
 """numel grid of ``time_rules``: 1,024 .. 2,097,152 elements per rank, every power of 2: the time per
-element jumps between 262,144 and 1,048,576 elements (median 2.8 -> 26.6 ms for 4x the elements, 2026-11-29),
-which a grid of powers of 4 left to the interpolation"""
+element jumps between 262,144 and 1,048,576 elements (docs/log/robust.md), which a grid of powers of 4
+left to the interpolation"""
 TIMED_RULES = ("mean", "median", "trimmed_mean", "krum")
 
 
@@ -209,9 +206,8 @@ def time_skeleton(model: Any, world: int, batch: int, *, reps: int = 30, corun: 
     ``torch.func.functional_call``, the per-tensor views and casts, the loss and its read-back, with
     1 x 1 GEMMs. Timed as ``time_rules`` times the other rules: ``corun`` processes at once (default
     one per core; threads would take turns on the GIL), each flushing the caches with a write of
-    ``FLUSH_BYTES`` before every call; the mean of their median CPU times. Alone and warm, the
-    machinery read 1.24-1.34 ms; this way 1.39-2.39 ms (2026-11-29, the digits MLP, 4 rows).
-    The model's own arithmetic is priced from the op-cost table (``zeno_parts``)."""
+    ``FLUSH_BYTES`` before every call; the mean of their median CPU times (this way it reads more than
+    alone and warm: docs/log/robust.md). The model's own arithmetic is priced from the op-cost table (``zeno_parts``)."""
     import pickle
     import subprocess
     import sys
