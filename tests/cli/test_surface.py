@@ -27,7 +27,7 @@ _PLAN_MODEL_FLAGS = {
     "--flash-attention", "--global-batch", "--gpu", "--gpu-group", "--gpus", "--gpus-per-node", "--heads", "--hidden",
     "--json", "--kv-heads", "--layers", "--model", "--moe-ffn-hidden", "--nic-gbps", "--nvlink-gbps", "--seq",
     "--shared-experts", "--top-k", "--vocab", "--explain", "--rail-optimized", "--no-rail-optimized",
-    "--oversubscription", "--leaf-nodes", "--expert-groups", "--group-top-k", "--ep-dispatch",
+    "--oversubscription", "--leaf-nodes", "--expert-groups", "--group-top-k", "--ep-dispatch", "--ep-overlap",
 }  # fmt: skip
 EXPECTED_ESTIMATE_FLAGS = _PLAN_MODEL_FLAGS | {
     "--attn-kernel", "--comm-overlap", "--kernels", "--cp", "--cp-mode", "--ep", "--micro-batch", "--precision", "--no-reshard-after-forward",
@@ -54,7 +54,7 @@ EVERY_COMMAND_FLAGS: dict[str, set[str]] = {
         "--kv-heads", "--layers", "--leaf-nodes", "--micro-batch", "--model", "--moe-ffn-hidden", "--nic-gbps",
         "--nvlink-gbps", "--oversubscription", "--rail-optimized", "--placement", "--pp", "--precision", "--recompute", "--reshard-after-forward", "--schedule", "--seq",
         "--sequence-parallel", "--shard-group", "--shared-experts", "--top-k", "--tp", "--virtual-stages",
-        "--vocab", "--zero", "--expert-groups", "--group-top-k", "--ep-dispatch"
+        "--vocab", "--zero", "--expert-groups", "--group-top-k", "--ep-dispatch", "--ep-overlap"
     },
     "goodput": {
         "--checkpoint-s", "--gpus", "--gpus-per-node", "--interval-s", "--json", "--mtbf-gpu-hours",
@@ -75,7 +75,7 @@ EVERY_COMMAND_FLAGS: dict[str, set[str]] = {
         "--gpu-group", "--gpus", "--gpus-per-node", "--heads", "--hidden", "--json", "--kv-heads", "--layers",
         "--method", "--model", "--moe-ffn-hidden", "--mtbf-gpu-hours", "--nic-gbps", "--nvlink-gbps",
         "--restart-s", "--seq", "--shared-experts", "--simulate", "--top", "--top-k", "--vocab", "--leaf-nodes",
-        "--oversubscription", "--rail-optimized", "--expert-groups", "--group-top-k", "--ep-dispatch"
+        "--oversubscription", "--rail-optimized", "--expert-groups", "--group-top-k", "--ep-dispatch", "--ep-overlap"
     },
     "profile": {"--batch-size", "--force", "--model", "--optimizer", "--out", "--steps", "--threads", "--warmup"},
     "replay": {"--force", "--json", "--no-straggler", "--timeline"},

@@ -148,6 +148,7 @@ def test_a_preset_with_dimensions_from_the_command_line(capsys: pytest.CaptureFi
         (["--model", "deepseek-v3-like", "--gpus", "64", "--expert-groups", "6"], "--expert-groups 6; expected a divisor of experts (256)"),
         (["--model", "deepseek-v3-like", "--gpus", "64", "--group-top-k", "9"], "--group-top-k 9; expected 1..8 groups"),
         (["--model", "mixtral-8x7b", "--gpus", "32", "--group-top-k", "2"], "--group-top-k needs --expert-groups"),
+        (["--model", "mixtral-8x7b", "--gpus", "32", "--ep-overlap"], "--ep-overlap needs expert parallelism (--ep > 1)"),
     ],
 )
 def test_new_flags_bad_input_exit_2(args: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,3 +75,20 @@ def test_175b_on_1024_is_fast() -> None:
     res = exhaustive(preset("gpt3-175b"), homogeneous("a100-80gb", 1024), global_batch=1536)
     assert time.perf_counter() - t0 < 30  # the 10 s target is measured by benchmarks/plan_search.py
     assert res.plans[0].fits
+
+
+def test_ep_overlap_reaches_every_expert_parallel_plan_and_never_loses() -> None:
+    """``Space(ep_overlap=True)`` gives each strategy with ``ep > 1`` the overlap, and the search's lower
+    bound must not prune it (it may hide the whole all-to-all): its best plan is faster than without."""
+    import dataclasses
+
+    model = preset("mixtral-8x7b")
+    cl = homogeneous("h100", 64, gpus_per_node=8)
+    space = Space(micro_batch=(1,), schedules=("1f1b",), recompute=(Recompute.FULL,), zero=(1,), ep=(8,))
+    flat = plan(model, cl, global_batch=256, space=space, top_k=3)
+    over = plan(model, cl, global_batch=256, space=dataclasses.replace(space, ep_overlap=True), top_k=3)
+    assert flat.plans and over.plans
+    assert all(p.strategy.ep_overlap == (p.strategy.ep > 1) for p in over.plans)
+    assert any(p.strategy.ep > 1 for p in over.plans)
+    assert not any(p.strategy.ep_overlap for p in flat.plans)
+    assert over.plans[0].step_s < flat.plans[0].step_s

@@ -49,6 +49,8 @@ def _model_options(f: Any) -> Any:
         click.option("--ep-dispatch", type=click.Choice(["flat", "node"]), default="flat", show_default=True,
                      help="Expert all-to-all: flat (NCCL all-to-all of every routed copy) or node (one network "
                           "copy per destination node, then NVLink: DeepEP)."),
+        click.option("--ep-overlap", is_flag=True,
+                     help="Expert all-to-alls run while another micro-batch computes (Megatron-Core moe_a2a_overlap)."),
         click.option("--attn-flops", type=click.Choice(["full", "causal"]), default="full", show_default=True,
                      help="Model-FLOP convention for the attention core: full s x s square (Megatron, PaLM) or the causal half."),
         click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences (or images) per step."),
@@ -188,7 +190,7 @@ def estimate_cmd(as_json: bool, explain: bool, **kw: Any) -> None:
         sequence_parallel=kw["sequence_parallel"], zero=kw["zero"], placement=kw["placement"], ep=kw["ep"],
         reshard_after_forward=kw["reshard_after_forward"], shard_group=kw["shard_group"], cp_mode=kw["cp_mode"],
         precision=kw["precision"], comm_overlap=kw["comm_overlap"], attn_kernel=kw["attn_kernel"],
-        kernels=kw["kernels"], ep_dispatch=kw["ep_dispatch"],
+        kernels=kw["kernels"], ep_dispatch=kw["ep_dispatch"], ep_overlap=kw["ep_overlap"],
     )
     gb = kw["global_batch"]
     stages = None
@@ -319,7 +321,7 @@ def plan_cmd(as_json: bool, method: str | None, top_k: int, do_sim: bool, by_goo
     if top_k < 1:
         raise UserError(f"--top {top_k}; expected >= 1")
     method = method or ("exhaustive" if len(cluster.groups) == 1 else "dp")
-    space = Space(ep_dispatch=kw["ep_dispatch"])
+    space = Space(ep_dispatch=kw["ep_dispatch"], ep_overlap=kw["ep_overlap"])
     if as_json:
         res = plan(model, cluster, global_batch=kw["global_batch"], method=method, top_k=top_k, space=space)
     else:

@@ -95,6 +95,9 @@ class Space:
     memory and norm/dropout time with it, so SP dominates and the default tries only SP"""
     ep_dispatch: str = "flat"
     """expert all-to-all of every strategy (``Strategy.ep_dispatch``): an implementation the user has, not searched"""
+    ep_overlap: bool = False
+    """expert all-to-alls overlapped with another micro-batch's compute in every strategy with ``ep > 1``
+    (``Strategy.ep_overlap``): like ``ep_dispatch``, what the user's framework does, not searched"""
     use_all_gpus: bool = True
     """exhaustive only: dp*tp*pp*cp must equal the GPU count (else any divisor count of GPUs is tried)"""
 
@@ -243,7 +246,9 @@ def exhaustive(
                 continue
             st = uniform_stages(model, pp)
             # lower bound: compute of the slowest stage for m micro-batches, no communication, no bubble
-            lb = m * max(float(tab.fwd[a:b].sum() + tab.bwd[a:b].sum()) + _a2a_bound(tab, a, b, ep, tp * cp, grp, eff, space.ep_dispatch)
+            # (an overlapped all-to-all may hide entirely: then it adds nothing to the bound)
+            a2a_ep = 1 if space.ep_overlap else ep
+            lb = m * max(float(tab.fwd[a:b].sum() + tab.bwd[a:b].sum()) + _a2a_bound(tab, a, b, a2a_ep, tp * cp, grp, eff, space.ep_dispatch)
                          for a, b in zip(st.bounds, st.bounds[1:], strict=False))  # fmt: skip
             if lb >= top.bound():
                 res.pruned += 1
@@ -274,7 +279,7 @@ def exhaustive(
                                     s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, schedule=sch,
                                                  virtual_stages=v, recompute=rc, sequence_parallel=sp, zero=zero,
                                                  placement=place, ep=ep, reshard_after_forward=reshard,
-                                                 ep_dispatch=space.ep_dispatch)  # fmt: skip
+                                                 ep_dispatch=space.ep_dispatch, ep_overlap=space.ep_overlap and ep > 1)  # fmt: skip
                                     e = estimate(model, s, sub, global_batch=global_batch, eff=eff)
                                 except UserError:
                                     res.pruned += 1
