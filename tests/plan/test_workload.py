@@ -110,7 +110,7 @@ def test_causal_convention_halves_the_attention_core_of_decoders_only() -> None:
     [
         ("mixtral-8x7b", 46.70, 12.88, 0.002),  # Jiang et al. 2024: 46.7B total, 12.9B active
         ("llama3-405b", 405.85, 405.85, 0.002),  # Llama 3 paper: 405B
-        ("deepseek-v3-like", 671.0, 37.0, 0.06),  # DeepSeek-V3: 671B / 37B (attention approximated, see preset)
+        ("deepseek-v3-like", 671.03, 37.55, 0.001),  # DeepSeek-V3 report: 671B / 37B (latent attention, no MTP)
     ],
 )
 def test_moe_and_llama3_parameter_counts(name: str, total: float, active: float, tol: float) -> None:
@@ -161,3 +161,76 @@ def test_eager_elementwise_bytes() -> None:
         assert fused[name] == eager[name]
     gpt = preset("gpt3-1.3b")
     assert gpt.layer_costs(mb=1, tp=1, sp=False, cp=1) == gpt.layer_costs(mb=1, tp=1, sp=False, cp=1, eager=True)
+
+
+def _dsv3() -> Transformer:
+    m = preset("deepseek-v3-like")
+    assert isinstance(m, Transformer)
+    return m
+
+
+def test_latent_attention_block_parameters_by_hand() -> None:
+    m = _dsv3()
+    h = 7168
+    attn = (h * 1536 + 1536  # query down projection + its RMSNorm
+            + 1536 * 128 * (128 + 64)  # query up: 128 heads x (no-position 128 + rotary 64)
+            + h * (512 + 64) + 512  # key/value latent + shared rotary key, latent RMSNorm
+            + 512 * 128 * (128 + 128)  # key (no-position) and value up projections
+            + 128 * 128 * h)  # output projection from 128 heads x value width 128  # fmt: skip
+    assert attn == 187_107_328
+    assert m.block_params() == attn + 2 * h + 3 * h * 18432  # first 3 layers: dense SwiGLU MLP
+    # on 2 TP ranks the down projections and latent norms stay whole, the rest is split by heads
+    rep = h * (1536 + 512 + 64) + 1536 + 512
+    blk = m.layer_costs(mb=1, tp=2, sp=True, cp=1)[1]
+    assert blk.params == (m.block_params() - rep) // 2 + rep
+
+
+def test_latent_attention_flops_use_query_width_192_and_value_width_128() -> None:
+    from trainsim.plan.workload import AttnFlops, OpKind
+
+    m, s = _dsv3(), 4096
+    assert m.core_flops(1) == 2.0 * s * s * 128 * (192 + 128)  # QK^T over 192, AV over 128: 2.86x width 56
+    assert m.core_flops(1, AttnFlops.CAUSAL) == m.core_flops(1) / 2
+    lin = 2.0 * s * (187_107_328 - 1536 - 512 + 3 * 7168 * 18432)
+    assert m.block_flops(1) == pytest.approx(lin + m.core_flops(1), rel=1e-12)
+    # one GPU's operators add up to the model's count: flash kernel on its 64 heads (causal half), the
+    # down projection on its half of the tokens under sequence parallelism, up projections on its heads
+    blk = m.layer_costs(mb=1, tp=2, sp=True, cp=1)[1]
+    ops = {op.name: op for op in blk.ops}
+    assert ops["flash_attn"].flops == 2.0 * 64 * s * s * 320 / 2 and ops["flash_attn"].k == 192
+    assert ops["mla_down"].flops == 2.0 * (s // 2) * 7168 * (1536 + 512 + 64)
+    gemm = sum(op.flops for op in blk.ops if op.kind == OpKind.GEMM)
+    assert gemm * 2 == pytest.approx(lin, rel=1e-12)
+    assert blk.core_flops == m.core_flops(1, AttnFlops.CAUSAL)
+    # under context parallelism each rank receives the K (192 wide) and V (128 wide) of its heads
+    cp2 = m.layer_costs(mb=1, tp=1, sp=False, cp=2)[1]
+    assert cp2.cp_kv_bytes == 2 * 128 * (192 + 128) * s / 2
+    # model FLOPs per sample: 3 dense + 58 MoE blocks and the head, 3x forward
+    moe = m.block_flops(1, moe=True)
+    assert m.model_flops_per_sample() == 3.0 * (3 * m.block_flops(1) + 58 * moe + m.head_flops())
+
+
+def test_standard_attention_is_unchanged_by_the_latent_fields() -> None:
+    m = preset("llama3-8b")
+    assert isinstance(m, Transformer) and not m.mla
+    h, kvd, f = 4096, 8 * 128, 14336
+    assert m.block_params() == h * (h + 2 * kvd) + h * h + 2 * h + 3 * h * f
+    assert m.core_flops(1) == 4.0 * 8192 * 8192 * h
+    assert m.block_flops(1) == 2.0 * 8192 * (h * (h + 2 * kvd) + h * h + 3 * h * f) + m.core_flops(1)
+    blk = m.layer_costs(mb=1, tp=2, sp=True, cp=2)[1]
+    assert blk.params == m.block_params() // 2
+    assert blk.cp_kv_bytes == 2 * 2 * 4 * 8192 * 128 / 2  # K and V of 4 local KV heads
+    assert {op.name for op in blk.ops} >= {"qkv", "rope", "flash_attn", "proj"}
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        (dict(kv_lora=512), "needs qk_nope_dim, qk_rope_dim and v_head_dim > 0"),
+        (dict(q_lora=1536), "need kv_lora > 0"),
+        (dict(kv_lora=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, kv_heads=8), "no kv_heads"),
+    ],
+)
+def test_bad_latent_attention(kw: dict[str, int], msg: str) -> None:
+    with pytest.raises(UserError, match=msg):
+        Transformer(arch="llama", layers=2, hidden=1024, heads=16, seq=128, vocab=1000, **kw)  # type: ignore[arg-type]

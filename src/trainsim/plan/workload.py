@@ -143,6 +143,17 @@ class Transformer:
     ``group_top_k`` of them (DeepSeek-V3: 8 and 4); 0 = any expert"""
     group_top_k: int = 0
     """groups a token may route to under group-limited routing"""
+    kv_lora: int = 0
+    """multi-head latent attention (DeepSeek-V2/V3): width of the key/value latent; 0 = standard attention.
+    Keys and values come from this latent through per-head up projections, queries from ``q_lora``."""
+    q_lora: int = 0
+    """MLA: width of the query latent; 0 = queries projected from the hidden state directly"""
+    qk_nope_dim: int = 0
+    """MLA: per-head query/key width without rotary embedding"""
+    qk_rope_dim: int = 0
+    """MLA: per-head query/key width with rotary embedding (the rotary key is one per token, shared by heads)"""
+    v_head_dim: int = 0
+    """MLA: per-head value width"""
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -173,6 +184,15 @@ class Transformer:
             raise UserError(f"--dense-layers {self.dense_layers}; expected fewer than layers ({self.layers})")
         if 0 < self.capacity_factor < 1:
             raise UserError(f"--capacity-factor {self.capacity_factor}; expected 0 (dropless) or >= 1")
+        mla = (self.q_lora, self.qk_nope_dim, self.qk_rope_dim, self.v_head_dim)
+        if self.kv_lora < 0 or min(mla) < 0:
+            raise UserError(f"model: MLA widths kv_lora={self.kv_lora}, q_lora, qk_nope_dim, qk_rope_dim, "
+                            f"v_head_dim={mla}; expected >= 0")  # fmt: skip
+        if self.kv_lora and (min(mla[1:]) < 1 or self.arch != "llama" or self.kvh != self.heads):
+            raise UserError(f"model: kv_lora={self.kv_lora} (latent attention) needs qk_nope_dim, qk_rope_dim and "
+                            f"v_head_dim > 0 (got {mla[1:]}), arch llama and no kv_heads")  # fmt: skip
+        if not self.kv_lora and any(mla):
+            raise UserError(f"model: MLA widths q_lora, qk_nope_dim, qk_rope_dim, v_head_dim={mla} need kv_lora > 0")
 
     # ---------------------------------------------------------------- derived sizes
     @property
@@ -187,6 +207,27 @@ class Transformer:
     def q_dim(self) -> int:
         """Width of the queries (and of the attention output): heads x head_dim."""
         return self.heads * self.head_dim
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (``kv_lora`` > 0)."""
+        return self.kv_lora > 0
+
+    @property
+    def qk_dim(self) -> int:
+        """Per-head width of queries and keys (MLA: no-position + rotary parts)."""
+        return self.qk_nope_dim + self.qk_rope_dim if self.mla else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of values (and of the attention output)."""
+        return self.v_head_dim if self.mla else self.head_dim
+
+    @property
+    def mla_down(self) -> int:
+        """MLA: width of the down projection's output per token (query latent, key/value latent, rotary key);
+        its weights are replicated on tensor-parallel ranks."""
+        return self.q_lora + self.kv_lora + self.qk_rope_dim if self.mla else 0
 
     @property
     def ffn(self) -> int:
@@ -261,10 +302,27 @@ class Transformer:
             return sum(self.moe_block_split())
         return self._attn_norm_params() + self._mlp_params(self.ffn)
 
+    def _attn_weights(self) -> int:
+        """Weights of the attention's linear layers (what a token multiplies through)."""
+        h, a = self.hidden, self.heads
+        if self.mla:
+            qk, lq = self.qk_dim, self.q_lora
+            query = h * lq + lq * a * qk if lq else h * a * qk
+            kv = h * (self.kv_lora + self.qk_rope_dim) + self.kv_lora * a * (self.qk_nope_dim + self.v_dim)
+            return query + kv + a * self.v_dim * h
+        kvd, q = self.kvh * self.head_dim, self.q_dim
+        return h * (q + 2 * kvd) + q * h
+
+    def replicated_attn_params(self) -> int:
+        """Attention parameters every tensor-parallel rank holds whole (MLA: down projection, latent norms)."""
+        return self.hidden * self.mla_down + self.q_lora + self.kv_lora if self.mla else 0
+
     def _attn_norm_params(self) -> int:
         h, kvd, q = self.hidden, self.kvh * self.head_dim, self.q_dim
-        attn = h * (q + 2 * kvd) + q * h
-        if self.biases:
+        attn = self._attn_weights()
+        if self.mla:
+            attn += self.q_lora + self.kv_lora  # RMSNorm on the two latents
+        elif self.biases:
             attn += q + 2 * kvd + h
         norms = 2 * h * (2 if self.arch != "llama" else 1)  # LayerNorm has a bias, RMSNorm not
         return attn + norms
@@ -312,16 +370,18 @@ class Transformer:
         An MoE block counts its router, its shared experts and ``top_k`` routed experts per token
         (not the padding a capacity factor adds: that is executed, not model, work)."""
         t, h = samples * self.seq, self.hidden
-        kvd = self.kvh * self.head_dim
         mlp_w = (self.top_k + self.shared_experts) * self.expert_ffn if moe else self.ffn
         router = h * self.experts if moe else 0
-        q = self.q_dim
-        lin = 2 * t * (h * (q + 2 * kvd) + q * h + (3 if self.gated else 2) * h * mlp_w + router)
+        lin = 2 * t * (self._attn_weights() + (3 if self.gated else 2) * h * mlp_w + router)
         return lin + self.core_flops(samples, attn)
 
     def core_flops(self, samples: int = 1, attn: AttnFlops = AttnFlops.FULL) -> float:
-        """QK^T and AV forward FLOPs: ``4 s^2 h`` per sequence, half under ``AttnFlops.CAUSAL`` for a decoder."""
-        full = 4.0 * samples * self.seq * self.seq * self.q_dim
+        """QK^T and AV forward FLOPs: ``4 s^2 h`` per sequence (MLA: ``2 s^2 heads (qk_dim + v_dim)``), half under
+        ``AttnFlops.CAUSAL`` for a decoder."""
+        if self.mla:
+            full = 2.0 * samples * self.seq * self.seq * self.heads * (self.qk_dim + self.v_dim)
+        else:
+            full = 4.0 * samples * self.seq * self.seq * self.q_dim
         return full / 2 if attn == AttnFlops.CAUSAL and self.causal else full
 
     def head_flops(self, samples: int = 1) -> float:
@@ -420,14 +480,32 @@ def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *,
     drop = 1 if m.dropout else 0
     llama_eager = eager and m.arch == "llama"
     norm_bytes = (EAGER_RMSNORM_BYTES if llama_eager else 2 * B) * tok * h / spd
-    ops: list[Op] = [
-        Op("norm1", OpKind.MEM, 0.0, norm_bytes),
-        Op("qkv", OpKind.GEMM, 2.0 * tok * h * qkv_n, B * (tok * h + h * qkv_n + tok * qkv_n), tok, qkv_n, h),
-    ]
-    if m.arch == "llama":  # rotary embedding of q and k
+    ops: list[Op] = [Op("norm1", OpKind.MEM, 0.0, norm_bytes)]
+    latent_act = 0.0  # MLA: saved latents (down-projection outputs and normed latents)
+    if m.mla:
+        ops += _mla_qkv_ops(m, tok, tok // spd, at, llama_eager, eager)
+        qkv_n = at * (2 * m.qk_dim + m.v_dim)  # per token: q, k (rotary part broadcast to heads), v
+        latent_act = B * (tok // spd) * m.mla_down + B * tok * (m.q_lora + m.kv_lora)
+    else:
+        ops.append(Op("qkv", OpKind.GEMM, 2.0 * tok * h * qkv_n, B * (tok * h + h * qkv_n + tok * qkv_n), tok, qkv_n, h))
+    if m.arch == "llama" and not m.mla:  # rotary embedding of q and k
         rope = (EAGER_ROPE_BYTES if eager else FUSED_ROPE_BYTES) * tok * (at + kvt) * hd
         ops.append(Op("rope", OpKind.MEM, 0.0, rope, bwd=1.0))
-    if m.flash_attention:
+    if m.mla:
+        dq, dv = m.qk_dim, m.v_dim
+        fl = 2.0 * b * at * sl * s * (dq + dv) * (0.5 if m.causal and m.flash_attention else 1.0)
+        qkvo = B * b * at * (sl * dq + s * dq + s * dv + sl * dv)  # q, k, v in; output
+        if m.flash_attention:
+            ops.append(Op("flash_attn", OpKind.FLASH, fl, qkvo, sl, s, dq, b * at, 2.5, True))
+        else:
+            sc = b * at * sl * s
+            ops += [
+                Op("scores", OpKind.ATTN, 2.0 * sc * dq, B * (b * at * (sl + s) * dq + sc), sl, s, dq, b * at, 2.0, True),
+                Op("softmax", OpKind.MEM, 0.0, 2 * B * sc, bwd=1.5, core=True),
+                Op("attn_v", OpKind.ATTN, 2.0 * sc * dv, B * (sc + b * at * (s + sl) * dv), sl, dv, s, b * at, 2.0, True),
+            ]
+        qd = a * dv  # width of the attention output
+    elif m.flash_attention:
         # a causal kernel skips the masked half (with cp, the load-balanced split gives every rank half too)
         fl = 4.0 * b * at * sl * s * hd * (0.5 if m.causal else 1.0)
         ops.append(
@@ -468,17 +546,19 @@ def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *,
     ops.append(Op("residual2", OpKind.MEM, 0.0, (3 * B + drop) * tok * h / spd, bwd=1.0))
     # saved activations (bytes), Korthikanti §4 term by term
     seq_region = (4 * B + 2 * drop) * tok * h / spd  # norm in, qkv in, mask, norm2 in, fc1 in, mask
-    tp_region = B * tok * qkv_n + B * tok * qd / tp + mlp_act
+    tp_region = B * tok * qkv_n + B * tok * qd / tp + mlp_act + latent_act
     if m.flash_attention:
         core = 4.0 * b * at * sl  # fp32 log-sum-exp per query row
     else:
         core = b * at * sl * s * (B + drop + (B if m.dropout else 0))  # softmax out, mask, dropout out
     full_layer = seq_region + tp_region + core
     block_in = B * tok * h / spd
+    rep = m.replicated_attn_params()  # whole on every TP rank (0 without MLA)
     if moe:
-        params = m.moe_block_split()[0] // tp + int(expert_params)
+        params = (m.moe_block_split()[0] - rep) // tp + rep + int(expert_params)
     else:
-        params = m.block_params() // tp if tp > 1 else m.block_params()
+        params = (m.block_params() - rep) // tp + rep if tp > 1 else m.block_params()
+    kv_w = at * (m.qk_dim + m.v_dim) if m.mla else 2 * kvt * hd  # K and V widths per token on this GPU
     executed = AttnFlops.CAUSAL if m.flash_attention else AttnFlops.FULL  # unfused kernels compute the whole square
     return LayerCost(
         name="moe_block" if moe else "block",
@@ -489,13 +569,35 @@ def _block_cost(m: Transformer, mb: int, tp: int, sp: bool, cp: int, ep: int, *,
         out_bytes=B * tok * h / spd,
         tp_allreduce_bytes=B * tok * h if tp > 1 else 0.0,
         tp_collectives=2 if tp > 1 else 0,
-        cp_kv_bytes=B * b * 2 * kvt * s * hd * (cp - 1) / cp if cp > 1 else 0.0,
+        cp_kv_bytes=B * b * kv_w * s * (cp - 1) / cp if cp > 1 else 0.0,
         model_flops=m.block_flops(b, executed, moe=moe) / cp,
         core_flops=m.core_flops(b, executed) / cp,
         expert_params=int(expert_params),
         a2a_bytes=a2a,
         a2a_count=2 if a2a else 0,
     )
+
+
+def _mla_qkv_ops(m: Transformer, tok: int, tok_d: int, at: int, llama_eager: bool, eager: bool) -> list[Op]:
+    """Multi-head latent attention's projections (DeepSeek-V3 report §2.1.1) on one GPU: the down projection
+    to the latents and the shared rotary key (weights replicated on TP ranks; under sequence parallelism it
+    runs on this rank's ``tok_d`` tokens before the latents are gathered, which this model prices as the
+    hidden-state gather it replaces), RMSNorm on both latents, then per-head up projections split by heads."""
+    B, h, dn = ACT_BYTES, m.hidden, m.mla_down
+    lq, lkv, dq, dv = m.q_lora, m.kv_lora, m.qk_dim, m.v_dim
+    qn, kvn = at * dq, at * (m.qk_nope_dim + dv)
+    norm = (EAGER_RMSNORM_BYTES if llama_eager else 2 * B) * tok * (lq + lkv)
+    ops = [Op("mla_down", OpKind.GEMM, 2.0 * tok_d * h * dn, B * (tok_d * h + h * dn + tok_d * dn), tok_d, dn, h),
+           Op("latent_norm", OpKind.MEM, 0.0, norm)]  # fmt: skip
+    q_in = lq or h  # without a query latent the queries come from the hidden state (split by heads)
+    ops += [
+        Op("q_up", OpKind.GEMM, 2.0 * tok * q_in * qn, B * (tok * q_in + q_in * qn + tok * qn), tok, qn, q_in),
+        Op("kv_up", OpKind.GEMM, 2.0 * tok * lkv * kvn, B * (tok * lkv + lkv * kvn + tok * kvn), tok, kvn, lkv),
+        # rotary embedding of the queries' rotary parts and of the one shared rotary key per token
+        Op("rope", OpKind.MEM, 0.0, (EAGER_ROPE_BYTES if eager else FUSED_ROPE_BYTES) * tok * (at + 1) * m.qk_rope_dim,
+           bwd=1.0),
+    ]
+    return ops
 
 
 def _mlp_ops(prefix: str, tok: int, h: int, width: int, g: int, batch: int, eager: bool = False) -> list[Op]:
@@ -666,12 +768,13 @@ _PRESETS = {
                          ffn_hidden=14336, experts=8, top_k=2, flash_attention=True),
     # DeepSeek-V3-shaped (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §4.2): 61 layers, hidden 7168,
     # 128 heads, 256 routed experts of width 2048 + 1 shared, top-8, first 3 layers dense (ffn 18432),
-    # 129,280 vocabulary, 4k pre-training context. Multi-head latent attention is modelled as
-    # multi-head attention with 128 KV heads of dimension 56 (hidden/heads), so attention parameters
-    # differ from the report's (the experts, ~95% of the 671B, match).
+    # 129,280 vocabulary, 4k pre-training context; multi-head latent attention (§2.1.1) with the released
+    # config's widths: query latent 1536, key/value latent 512, query/key heads 128 + 64 rotary, values 128.
+    # 671.0B / 37.6B parameters (the MTP module is left out, as in the report's 671B).
     "deepseek-v3-like": dict(arch="llama", layers=61, hidden=7168, heads=128, seq=4096, vocab=129280,
                              ffn_hidden=18432, experts=256, top_k=8, moe_ffn_hidden=2048, shared_experts=1,
-                             dense_layers=3, expert_groups=8, group_top_k=4, flash_attention=True),
+                             dense_layers=3, expert_groups=8, group_top_k=4, flash_attention=True,
+                             q_lora=1536, kv_lora=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128),
     "bert-large": dict(arch="bert", layers=24, hidden=1024, heads=16, seq=512, vocab=30522),
     "bert-base": dict(arch="bert", layers=12, hidden=768, heads=12, seq=512, vocab=30522),
 }
