@@ -117,7 +117,7 @@ def main() -> None:
             "|---|---|---|---|---|---|"]
     for name, model, cluster, gb in (
         ("llama3-405b on 16,384 H100, batch 2,048 x 8k", preset("llama3-405b"), homogeneous("h100", 16384), 2048),
-        ("deepseek-v3-like (672B MoE) on 2,048 H800, batch 4,096 x 4k", preset("deepseek-v3-like"),
+        ("deepseek-v3-like (671B MoE) on 2,048 H800, batch 4,096 x 4k", preset("deepseek-v3-like"),
          homogeneous("h800", 2048), 4096),
     ):
         r, dt = timed(plan, model, cluster, global_batch=gb)
