@@ -213,7 +213,8 @@ def render(directory: Path | None = None) -> str:
                 lines += ["", *doc["summary"]]
         if others.get(area):
             lines += ["", "Other results: " + ", ".join(f"[{n}]({rel}/{n})" for n in others[area]) + "."]
-    return "\n".join(lines) + "\n"
+    # a record may name the user's cache by its absolute path: the page says ~ (the same on every machine)
+    return re.sub(r"(?:/root|/home/[^/\s\"]+)/\.cache/", "~/.cache/", "\n".join(lines) + "\n")
 
 
 def main(argv: list[str]) -> int:

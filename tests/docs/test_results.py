@@ -41,6 +41,15 @@ def test_record_then_render(tmp_path: Path) -> None:
     assert page.index("## core") < page.index("## plan")
 
 
+def test_the_page_names_a_cache_by_tilde_on_any_machine(tmp_path: Path) -> None:
+    for user, home in (("a", "/root"), ("b", "/home/ci")):
+        results.record("core", user, command="c", title=user, machine_text="m", date="2026-01-01 00:00 UTC", rev="r",
+                       headline={"columns": ["n"], "rows": [[1]]}, directory=tmp_path,
+                       summary=[f"calibration: {home}/.cache/trainsim/machine.json"])  # fmt: skip
+    page = results.render(tmp_path)
+    assert page.count("calibration: ~/.cache/trainsim/machine.json") == 2 and "/root" not in page and "/home" not in page
+
+
 def test_record_refuses_a_ragged_headline(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="headline"):
         results.record("core", "bad", command="c", machine_text="m", rev="r", directory=tmp_path,
