@@ -13,8 +13,8 @@
    the two primitives' CPU time per rank (``robust_cost.time_collectives``, 4 ranks on the same link, the
    same generic sizes), the rules' CPU time with every core busy and cold caches (``robust_cost.time_rules``
    on random rows at powers of 2 elements), Zeno's parts (``robust_cost.zeno_parts``: forward passes and
-   per-row arithmetic from ``trainsim.transform.opcost``'s table, the rows' first pass at the streaming
-   bandwidth of a busy host, the kept rows' average as the mean rule, and its Python machinery,
+   per-row arithmetic from GEMMs and adds timed as the rules are, ``robust_cost.time_ops``; the rows'
+   first pass at the streaming bandwidth of a busy host, the kept rows' average as the mean rule, and its Python machinery,
    ``robust_cost.time_skeleton``: the model with every Linear made 1 x 1, one process per core, caches
    flushed); ``robust_cost.predict_overhead`` per rule: the larger of the link-bound and the core-bound
    estimate.
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -101,13 +102,15 @@ def predict(cfg: Any, net: Any, popen: Any, master: str, rate_mbit: float | None
     cal = calibrate(world=cfg.world_size, rate_mbit=rate_mbit, net=net, sizes=default_sizes(4 << 20),
                     allgather_sizes=AG_SIZES)  # fmt: skip
     coll = time_collectives(cfg.world_size, AG_SIZES, popen=popen, master=master)
-    rules = time_rules(cfg.world_size)
+    rules = time_rules(cfg.world_size, ops=True)
     table = opcost.load_or_calibrate()
     torch.set_num_threads(1)
     model = _model(cfg)
     skeleton_us = time_skeleton(model, cfg.world_size, cfg.val_batch)
     numel = sum(p.numel() for p in model.parameters())
     z_parts = zeno_parts(model, cfg.val_batch, cfg.world_size, table, skeleton_us, classes=10, rules=rules)
+    z_alone = zeno_parts(model, cfg.val_batch, cfg.world_size, table, skeleton_us, classes=10,
+                         rules=dataclasses.replace(rules, ops=None))  # fmt: skip
     z_us = sum(z_parts.values())
     preds = {}
     for rule in RULES:
@@ -119,7 +122,8 @@ def predict(cfg: Any, net: Any, popen: Any, master: str, rate_mbit: float | None
     return {"numel": numel, "size_bytes": 4 * numel, "rules": preds, "link_calibration": cal.to_json(),
             "collective_cpu": coll.to_json(), "rule_times": {"sizes": list(rules.sizes), "us": rules.us,
             "corun": rules.corun, "stream_gbps": rules.stream_gbps}, "skeleton_us": skeleton_us,
-            "zeno_compute_us": z_us, "zeno_parts_us": z_parts}  # fmt: skip
+            "zeno_compute_us": z_us, "zeno_parts_us": z_parts, "zeno_parts_alone_us": z_alone,
+            "ops_corun": rules.ops.to_json() if rules.ops is not None else None}  # fmt: skip
 
 
 def overheads(timings: list[dict[str, list[dict[str, float]]]]) -> dict[str, dict[str, Any]]:
@@ -148,6 +152,9 @@ def markdown(doc: dict[str, Any]) -> str:
              f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']}; {doc['network']}  ",
              f"Date: {doc['date']}; git {doc['git']}"
              + (f"; predictions frozen at {doc['predictions_frozen_at']}, before any run of the model" if pred else ""),
+             *(["", f"Overhead from a later timing-only run: `{doc['timing_run']['command']}`, "
+                f"{doc['timing_run']['date']}; git {doc['timing_run']['git']} ({doc['timing_run']['file']})"]
+               if "timing_run" in doc else []),
              "", f"## Final test accuracy (%, mean ± sd over {doc['seeds']} seeds; in brackets the paired difference "
              f"from clean all-reduce on the same seed; {cfg.get('steps')} steps, hidden {cfg.get('hidden')}) and "
              f"overhead (ms per step over DDP's all-reduce, hidden {tcfg['hidden']})", ""]  # fmt: skip
@@ -325,25 +332,49 @@ def main() -> int:
             "socket work over the all-reduce's, the rule) lengthens the step by world / cores = 2 ms; the "
             "prediction is the larger of that and the link-bound estimate.",
             "zeno's predicted compute per step: " + " + ".join(f"{k} {v / 1e3:.2f}" for k, v in zparts.items())
-            + f" ms (a row's first pass at {stream:.1f} GB/s: one core's share while every core streams)",
+            + f" ms (a row's first pass at {stream:.1f} GB/s: one core's share while every core streams)"
+            + ("; forward and rows from GEMMs and adds timed one process per core at once, caches flushed "
+               f"(priced alone: forward {alone['forward'] / 1e3:.2f} + rows {alone['rows'] / 1e3:.2f} ms)"
+               if (alone := doc["prediction"].get("zeno_parts_alone_us")) else ""),
         ]
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    if not a.skip and not a.cases and a.out.parent.resolve() == (ROOT / "docs" / "benchmarks").resolve():
+    in_docs = a.out.parent.resolve() == (ROOT / "docs" / "benchmarks").resolve()
+    if not a.skip and not a.cases and in_docs:
         write_record(doc, a.out)  # then: python3 dev.py results
+    elif a.skip == ["accuracy"] and in_docs and a.out.name != "robust.json" and (a.out.parent / "robust.json").is_file():
+        write_record(_with_timing(json.loads((a.out.parent / "robust.json").read_text()), doc, a.out.name),
+                     a.out.parent / "robust.json")  # fmt: skip
     print(markdown(doc))
     return 0
 
 
+TIMING_KEYS = ("prediction", "predictions_frozen_at", "timing", "measured", "timing_config")
+
+
+def _with_timing(full: dict[str, Any], timing: dict[str, Any], name: str) -> dict[str, Any]:
+    """The full run ``full`` (robust.json) with the overhead part of a later timing-only run ``timing``
+    (written to ``name``): the record keeps the accuracy of the one and shows the overhead of the other."""
+    out = {**full, **{k: timing[k] for k in TIMING_KEYS if k in timing}}
+    out["timing_run"] = {"command": timing["command"], "date": timing["date"], "git": timing["git"], "file": name}
+    own = ("zeno's predicted compute", "4 ranks share")
+    out["notes"] = [n for n in full["notes"] if not n.startswith(own) and n not in timing["notes"]] + timing["notes"]
+    return out
+
+
 def write_record(doc: dict[str, Any], out: Path) -> None:
     """docs/benchmarks/robust.aggregation.json from a full run's ``doc`` (written to ``out``), with the run's
-    own date and revision; it names robust_budget.json beside ``out`` when that exists."""
+    own date and revision (those of its later timing-only run, ``_with_timing``, when it has one); it names
+    robust_budget.json beside ``out`` when that exists."""
     from results import markdown_table, record
 
     report = markdown(doc)
-    date = datetime.datetime.fromisoformat(doc["date"]).strftime("%Y-%m-%d %H:%M UTC")
-    raw = [out.name, *(["robust_budget.json"] if (out.parent / "robust_budget.json").is_file() else [])]
-    record("robust", "aggregation", command=doc["command"], title=report.splitlines()[0].lstrip("# "),
-           headline=markdown_table(report), raw=raw, date=date, rev=doc["git"][:7], data={"report": report})  # fmt: skip
+    last = doc.get("timing_run") or doc
+    date = datetime.datetime.fromisoformat(last["date"]).strftime("%Y-%m-%d %H:%M UTC")
+    raw = [out.name, *([last["file"]] if "file" in last else []),
+           *(["robust_budget.json"] if (out.parent / "robust_budget.json").is_file() else [])]
+    command = doc["command"] if last is doc else f"{doc['command']} (accuracy, {doc['date'][:16]}); {last['command']}"
+    record("robust", "aggregation", command=command, title=report.splitlines()[0].lstrip("# "),
+           headline=markdown_table(report), raw=raw, date=date, rev=last["git"][:7], data={"report": report})  # fmt: skip
 
 
 if __name__ == "__main__":

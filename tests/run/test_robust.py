@@ -34,6 +34,7 @@ from trainsim.run.robust_cost import (
     loglog,
     predict_overhead,
     skeleton,
+    time_ops,
     time_rules,
     time_skeleton,
     zeno_parts,
@@ -264,6 +265,33 @@ def test_zeno_parts_by_hand() -> None:
     # no rule times: the first pass from the table too, nothing for the combine
     bare = zeno_parts(model, 4, 4, _Table(), 50.0, 2)
     assert (bare["rows"], bare["combine"]) == (pytest.approx(4 * (0.204 + 0.204 + 0.136)), 0.0)
+
+
+class _BusyTable:
+    """The same op costs on a busy host, by hand: every GEMM 30 us, elementwise 3 us per 1,000 bytes."""
+
+    def time_us(self, kind: str, point: tuple[float, ...]) -> float:
+        return 3 * _Table().time_us(kind, point)
+
+
+def test_zeno_forward_and_rows_from_the_corun_table() -> None:
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))
+    rules = RuleTimes(world=4, sizes=(1, 1000), us={"mean": [5.0, 5.0]}, stream_gbps=8.0, ops=_BusyTable())
+    parts = zeno_parts(model, 4, 4, _Table(), 50.0, 2, rules)
+    # the GEMMs and adds of test_zeno_parts_by_hand, priced from the co-run table (3x): 5 x (60 + 2.16) us
+    assert parts["forward"] == pytest.approx(5 * 62.16)
+    # per row: the first pass still at the busy host's streaming rate, then 3 x (0.204 + 0.136) us
+    assert parts["rows"] == pytest.approx(4 * (0.017 + 0.612 + 0.408))
+    assert (parts["machinery"], parts["combine"]) == (50.0, pytest.approx(5.0))
+
+
+@pytest.mark.slow
+def test_ops_timed_on_busy_cores() -> None:
+    axes = {"matmul_nt": ((1, 16), (4, 64), (4, 64)), "elementwise": ((192, 12 << 10),)}
+    table = time_ops(reps=2, corun=2, axes=axes)
+    assert table.axes["matmul_nt"] == axes["matmul_nt"] and table.us["elementwise"].shape == (2,)
+    assert 0.0 < table.time_us("matmul_nt", (4, 16, 16)) < table.time_us("matmul_nt", (16, 64, 64)) * 10
+    assert 0.0 < table.time_us("elementwise", (3000,)) < 1e5
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@
     >>> from trainsim.run.robust_cost import predict_overhead, time_collectives, time_rules
     >>> cal = calibrate(world=4, allgather_sizes=[16 << 10, 256 << 10, 1 << 20])   # doctest: +SKIP
     >>> coll = time_collectives(4, [16 << 10, 256 << 10, 1 << 20])                 # doctest: +SKIP
-    >>> rules = time_rules(4)                                                       # doctest: +SKIP
+    >>> rules = time_rules(4, ops=True)                                             # doctest: +SKIP
     >>> predict_overhead("median", 85_002, cal, rules, coll=coll).total_us         # doctest: +SKIP
 
 The hook replaces one all-reduce of the bucket (S bytes) by an all-gather of S bytes per rank and then
@@ -31,10 +31,10 @@ larger of two bounds:
    is priced in parts (``zeno_parts``) under the same conditions: its Python machinery, timed on a
    skeleton of the model (every ``Linear`` made 1 x 1: the same modules and parameter tensors, none of
    the arithmetic) in one process per core at once, caches flushed before every call; ``world + 1``
-   forward passes and the per-row arithmetic from ``trainsim.transform.opcost``'s table, but the
-   first pass over each row (it arrives from the sockets) at the bandwidth that each core gets while
-   all stream (``RuleTimes.stream_gbps``); the kept rows' average and the copy into the bucket as the
-   ``mean`` rule's time;
+   forward passes and the per-row arithmetic from an op-cost table timed the same way (``time_ops``:
+   GEMMs and adds at generic sizes, ``RuleTimes.ops``), but the first pass over each row (it arrives
+   from the sockets) at the bandwidth that each core gets while all stream (``RuleTimes.stream_gbps``);
+   the kept rows' average and the copy into the bucket as the ``mean`` rule's time;
 4. ``share``: ``max(1, world / cores)``. In the link-bound estimate the rule starts on every rank at
    once, when the same gather completes, so the ranks share the cores while it runs: its wall time is
    ``share`` times its CPU time. With more ranks than cores the host is saturated, so every millisecond
@@ -73,6 +73,9 @@ class RuleTimes:
     stream_gbps: float = 0.0
     """GB/s that one thread moves (read + write) while all ``corun`` stream at once: the median over
     the flushes of ``time_rules`` (``FLUSH_BYTES`` read and written each); 0: not timed"""
+    ops: Any = None
+    """an op-cost table (``trainsim.transform.opcost.OpCostTable``: ``matmul_nt`` and ``elementwise``) timed
+    as the rules are (``time_ops``: one process per core at once, caches flushed); None: not timed"""
 
     def at(self, rule: str, numel: int) -> float:
         """Interpolated in log size and log time; the end slopes held beyond the grid."""
@@ -139,13 +142,15 @@ come from memory, as in a run where they arrive from the sockets"""
 
 
 def time_rules(
-    world: int, sizes: Sequence[int] = RULE_SIZES, *, reps: int = 15, seed: int = 0, corun: int | None = None
+    world: int, sizes: Sequence[int] = RULE_SIZES, *, reps: int = 15, seed: int = 0, corun: int | None = None,
+    ops: bool = False,
 ) -> RuleTimes:  # fmt: skip
     """Time ``robust.aggregate`` of each rule in ``TIMED_RULES``, and the copy of its result into a
     bucket, on ``world`` random rows of each size: ``corun`` threads (default: one per core) at once,
     one intra-op thread each as the ranks run, each on its own rows and flushing the caches with a
     write of ``FLUSH_BYTES`` before every call; per rule and size the mean over the threads of each
-    one's median CPU time (a step pays a typical call). The flushes, timed too, give ``stream_gbps``."""
+    one's median CPU time (a step pays a typical call). The flushes, timed too, give ``stream_gbps``;
+    ``ops``: also the op-cost table of Zeno's forward passes and per-row work (``time_ops``)."""
     import threading
 
     import torch
@@ -181,7 +186,92 @@ def time_rules(
     finally:
         torch.set_num_threads(threads)
     stream = 2 * FLUSH_BYTES / statistics.median(flush_s) / 1e9  # add_ in place: reads and writes every byte
-    return RuleTimes(world=world, sizes=tuple(sizes), us=us, corun=corun, stream_gbps=stream)
+    return RuleTimes(world=world, sizes=tuple(sizes), us=us, corun=corun, stream_gbps=stream,
+                     ops=time_ops(corun=corun) if ops else None)  # fmt: skip
+
+
+OPS_AXES: dict[str, tuple[tuple[int, ...], ...]] = {
+    "matmul_nt": (tuple(4**i for i in range(6)), tuple(4**i for i in range(1, 6)), tuple(4**i for i in range(1, 6))),
+    "elementwise": (tuple(12 * 4**i for i in range(2, 12)),),
+}
+"""grid of ``time_ops``: x W^T with m 1 .. 1,024 rows and k, n 4 .. 1,024 (points beyond
+``opcost.MAX_MACS`` filled linearly, as ``opcost`` does); c = a + b of 192 B .. 48 MiB (fp32)"""
+
+
+def time_ops(*, reps: int = 5, corun: int | None = None, axes: dict[str, Any] | None = None) -> Any:
+    """The op-cost table (``opcost.OpCostTable``) of the two kinds that ``zeno_parts`` prices, timed as
+    ``time_rules`` times the rules: ``corun`` processes at once (default one per core), one intra-op
+    thread each, each writing ``FLUSH_BYTES`` before every call (operands from memory), per point the
+    mean over the processes of each one's median CPU time. Generic sizes only (``OPS_AXES``)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from trainsim.transform import opcost
+
+    corun = corun or len(os.sched_getaffinity(0))
+    axes = axes or OPS_AXES
+    with tempfile.TemporaryDirectory(prefix="trainsim-ops-") as tmp:
+        (Path(tmp) / "axes.json").write_text(json.dumps(axes))
+        code = "import sys; from trainsim.run.robust_cost import _ops_proc; _ops_proc(*sys.argv[1:])"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, "-c", code, tmp, str(i), str(corun), str(reps)], env=env)
+                 for i in range(corun)]  # fmt: skip
+        codes = [pr.wait(timeout=600) for pr in procs]
+        if any(codes):
+            raise RuntimeError(f"time_ops: a timing process failed (exit codes {codes}); see its stderr above")
+        got = [json.loads((Path(tmp) / f"us.{i}").read_text()) for i in range(corun)]
+    grid = {k: tuple(tuple(int(x) for x in a) for a in v) for k, v in axes.items()}
+    us = {}
+    for kind, kaxes in grid.items():
+        arr = np.mean([np.asarray(g[kind], np.float64) for g in got], axis=0)
+        us[kind] = opcost._fill(arr, kaxes) if kind.startswith("matmul") else arr
+    return opcost.OpCostTable(axes=grid, us=us, machine=opcost.machine_identity(1),
+                              created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
+
+
+def _ops_proc(tmp: str, index: str, corun: str, reps: str) -> None:
+    """One process of ``time_ops`` (``python -c``): waits until all ``corun`` are ready, writes its
+    median CPU time (µs) at every grid point as JSON to ``tmp/us.<index>`` (NaN beyond ``MAX_MACS``)."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from trainsim.transform.opcost import MAX_MACS
+
+    torch.set_num_threads(1)
+    d = Path(tmp)
+    axes = json.loads((d / "axes.json").read_text())
+    scratch = torch.zeros(FLUSH_BYTES // 4)
+    (d / f"ready.{index}").touch()
+    deadline = time.monotonic() + 120.0
+    while len(list(d.glob("ready.*"))) < int(corun):  # start together: the cores busy at once
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"time_ops: {corun} processes expected, not all started within 120 s")
+        time.sleep(0.001)
+    flush = partial(scratch.add_, 1.0)
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        mm = axes["matmul_nt"]
+        grid = [[[math.nan] * len(mm[2]) for _ in mm[1]] for _ in mm[0]]
+        for i, m in enumerate(mm[0]):
+            for j, k in enumerate(mm[1]):
+                for n_i, n in enumerate(mm[2]):
+                    if m * k * n <= MAX_MACS:
+                        x, w = torch.randn(m, k), torch.randn(n, k)
+                        grid[i][j][n_i] = _median_us(partial(torch.mm, x, w.t()), int(reps), before=flush)
+        out["matmul_nt"] = grid
+        ew = []
+        for nbytes in axes["elementwise"][0]:
+            a, b = torch.randn(max(1, nbytes // 12)), torch.randn(max(1, nbytes // 12))
+            ew.append(_median_us(partial(torch.add, a, b), int(reps), before=flush))
+        out["elementwise"] = ew
+    (d / f"us.{index}").write_text(json.dumps(out))
 
 
 def skeleton(model: Any) -> Any:
@@ -272,8 +362,13 @@ def zeno_parts(
        (``rules.at``: a mean over ``world`` rows and the copy, every core busy; Zeno first gathers
        ``world - drop`` rows, then averages them: about as many bytes).
 
-    Without ``rules``: the first pass from the table too, and no ``combine``."""
+    Without ``rules``: the first pass from the table too, and no ``combine``. With ``rules.ops``
+    (``time_ops``: one process per core at once, caches flushed, as the rules are timed) the forward
+    passes and the per-row work are priced from that table instead of ``table`` (timed alone)."""
     from torch import nn
+
+    if rules is not None and rules.ops is not None:
+        table = rules.ops
 
     numel = sum(p.numel() for p in model.parameters())
     fwd = 0.0
