@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 RULE_SIZES = tuple(2**k for k in range(10, 22))
@@ -234,6 +235,16 @@ def time_ops(*, reps: int = 5, corun: int | None = None, axes: dict[str, Any] | 
                               created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
 
 
+def _start_together(d: Path, index: str, corun: int, what: str) -> None:
+    """Marks this timing process ready in ``d`` and waits for all ``corun`` of them: the cores busy at once."""
+    (d / f"ready.{index}").touch()
+    deadline = time.monotonic() + 120.0
+    while len(list(d.glob("ready.*"))) < corun:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {corun} processes expected, not all started within 120 s")
+        time.sleep(0.001)
+
+
 def _ops_proc(tmp: str, index: str, corun: str, reps: str) -> None:
     """One process of ``time_ops`` (``python -c``): waits until all ``corun`` are ready, writes its
     median CPU time (µs) at every grid point as JSON to ``tmp/us.<index>`` (NaN beyond ``MAX_MACS``)."""
@@ -248,12 +259,7 @@ def _ops_proc(tmp: str, index: str, corun: str, reps: str) -> None:
     d = Path(tmp)
     axes = json.loads((d / "axes.json").read_text())
     scratch = torch.zeros(FLUSH_BYTES // 4)
-    (d / f"ready.{index}").touch()
-    deadline = time.monotonic() + 120.0
-    while len(list(d.glob("ready.*"))) < int(corun):  # start together: the cores busy at once
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"time_ops: {corun} processes expected, not all started within 120 s")
-        time.sleep(0.001)
+    _start_together(d, index, int(corun), "time_ops")
     flush = partial(scratch.add_, 1.0)
     out: dict[str, Any] = {}
     with torch.no_grad():
@@ -337,12 +343,7 @@ def _skeleton_proc(tmp: str, index: str, corun: str, world: str, batch: str, rep
                         loss_fn=F.cross_entropy)  # fmt: skip
     rows = torch.zeros(int(world), sum(p.numel() for p in params))
     scratch = torch.zeros(FLUSH_BYTES // 4)
-    (d / f"ready.{index}").touch()
-    deadline = time.monotonic() + 120.0
-    while len(list(d.glob("ready.*"))) < int(corun):  # start together: the cores busy at once
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"time_skeleton: {corun} processes expected, not all started within 120 s")
-        time.sleep(0.001)
+    _start_together(d, index, int(corun), "time_skeleton")
     us = _median_us(partial(zeno_scores, state, rows, params), int(reps), before=partial(scratch.add_, 1.0))
     (d / f"us.{index}").write_text(repr(us))
 
