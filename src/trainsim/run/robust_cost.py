@@ -205,8 +205,6 @@ def time_ops(*, reps: int = 5, corun: int | None = None, axes: dict[str, Any] | 
     thread each, each writing ``FLUSH_BYTES`` before every call (operands from memory), per point the
     mean over the processes of each one's median CPU time. Generic sizes only (``OPS_AXES``)."""
     import json
-    import subprocess
-    import sys
     import tempfile
     from pathlib import Path
 
@@ -218,14 +216,7 @@ def time_ops(*, reps: int = 5, corun: int | None = None, axes: dict[str, Any] | 
     axes = axes or OPS_AXES
     with tempfile.TemporaryDirectory(prefix="trainsim-ops-") as tmp:
         (Path(tmp) / "axes.json").write_text(json.dumps(axes))
-        code = "import sys; from trainsim.run.robust_cost import _ops_proc; _ops_proc(*sys.argv[1:])"
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen([sys.executable, "-c", code, tmp, str(i), str(corun), str(reps)], env=env)
-                 for i in range(corun)]  # fmt: skip
-        codes = [pr.wait(timeout=600) for pr in procs]
-        if any(codes):
-            raise RuntimeError(f"time_ops: a timing process failed (exit codes {codes}); see its stderr above")
-        got = [json.loads((Path(tmp) / f"us.{i}").read_text()) for i in range(corun)]
+        got = [json.loads(t) for t in _co_run("time_ops", "_ops_proc", tmp, corun, reps)]
     grid = {k: tuple(tuple(int(x) for x in a) for a in v) for k, v in axes.items()}
     us = {}
     for kind, kaxes in grid.items():
@@ -233,6 +224,22 @@ def time_ops(*, reps: int = 5, corun: int | None = None, axes: dict[str, Any] | 
         us[kind] = opcost._fill(arr, kaxes) if kind.startswith("matmul") else arr
     return opcost.OpCostTable(axes=grid, us=us, machine=opcost.machine_identity(1),
                               created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
+
+
+def _co_run(what: str, entry: str, tmp: str, corun: int, *args: object) -> list[str]:
+    """Runs ``entry(tmp, index, corun, *args)`` of this module in ``corun`` processes at once (one intra-op
+    thread each) and returns what each wrote to ``tmp/us.<index>``."""
+    import subprocess
+    import sys
+
+    code = f"import sys; from trainsim.run.robust_cost import {entry}; {entry}(*sys.argv[1:])"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", code, tmp, str(i), str(corun), *map(str, args)], env=env)
+             for i in range(corun)]  # fmt: skip
+    codes = [pr.wait(timeout=600) for pr in procs]
+    if any(codes):
+        raise RuntimeError(f"{what}: a timing process failed (exit codes {codes}); see its stderr above")
+    return [(Path(tmp) / f"us.{i}").read_text() for i in range(corun)]
 
 
 def _start_together(d: Path, index: str, corun: int, what: str) -> None:
@@ -305,22 +312,13 @@ def time_skeleton(model: Any, world: int, batch: int, *, reps: int = 30, corun: 
     ``FLUSH_BYTES`` before every call; the mean of their median CPU times (this way it reads more than
     alone and warm: docs/log/robust.md). The model's own arithmetic is priced from the op-cost table (``zeno_parts``)."""
     import pickle
-    import subprocess
-    import sys
     import tempfile
     from pathlib import Path
 
     corun = corun or len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="trainsim-skeleton-") as tmp:
         (Path(tmp) / "skeleton.pkl").write_bytes(pickle.dumps(skeleton(model)))
-        code = "import sys; from trainsim.run.robust_cost import _skeleton_proc; _skeleton_proc(*sys.argv[1:])"
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen([sys.executable, "-c", code, tmp, str(i), str(corun), str(world), str(batch),
-                                   str(reps)], env=env) for i in range(corun)]  # fmt: skip
-        codes = [pr.wait(timeout=600) for pr in procs]
-        if any(codes):
-            raise RuntimeError(f"time_skeleton: a timing process failed (exit codes {codes}); see its stderr above")
-        return statistics.fmean(float((Path(tmp) / f"us.{i}").read_text()) for i in range(corun))
+        return statistics.fmean(float(t) for t in _co_run("time_skeleton", "_skeleton_proc", tmp, corun, world, batch, reps))
 
 
 def _skeleton_proc(tmp: str, index: str, corun: str, world: str, batch: str, reps: str) -> None:
